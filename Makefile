@@ -1,0 +1,30 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install lint typecheck test demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check actors supervision tests benchmarks
+	$(VENV)/bin/ruff format --check actors supervision tests benchmarks
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest
+
+demo: $(STAMP)
+	$(VENV)/bin/harness demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/assembly.py
+
+clean:
+	rm -rf $(VENV) .harness .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,143 @@
+"""Data of the prompt registry: what plugins register and what assembly returns."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+import attrs
+
+from actors.jsonvalue import freeze_json
+from actors.prompt.errors import PromptError
+from actors.scope import Scope
+
+HARNESS_IDENTITY_SECTION = "harness:identity"
+"""Name of the built-in identity section (order -100)."""
+HARNESS_IDENTITY_ORDER = -100
+PERSONA_SECTION = "deployment:persona"
+"""Name of the deployment persona section."""
+PERSONA_ORDER = 0
+"""Order of the deployment persona section."""
+TOOL_ORDER_REST = "<unlisted-tools>"
+"""The marker in `tool_order` where unlisted tools go, sorted by name."""
+
+
+@attrs.frozen(kw_only=True)
+class AssembleContext:
+    """What one `assemble()` call is for. Every field is optional.
+
+    `scope` selects the layers (None: the global layer only); `agent` is the
+    agent being assembled for, passed through to providers and listeners.
+    """
+
+    scope: Scope | None = None
+    agent: Any = None
+
+
+TextProvider: TypeAlias = str | Callable[[AssembleContext], str]
+"""A section or context text: a string, or a callable evaluated once per assembly."""
+
+
+def _check_order(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        name = getattr(instance, "name", "?")
+        raise PromptError(f"order of {name!r} must be a finite number, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class PromptSection:
+    """A stable instruction section of the system text.
+
+    `text` is a string or a callable of the `AssembleContext`; it is evaluated
+    once per assembly and interpolated at render time. At most one effective
+    section may be `complete` (it then becomes the only section).
+    """
+
+    name: str
+    order: float = attrs.field(validator=_check_order)
+    text: TextProvider
+    complete: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class PromptContext:
+    """A volatile runtime fact, rendered into a user-role snapshot, never the system text."""
+
+    name: str
+    order: float = attrs.field(validator=_check_order)
+    text: TextProvider
+
+
+def _freeze_parameters(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    frozen: Mapping[str, Any] = freeze_json(value, where="parameters")
+    if not isinstance(frozen, Mapping):
+        raise TypeError("tool parameters must be a JSON object")
+    return frozen
+
+
+@attrs.frozen(kw_only=True)
+class ToolSchema:
+    """A tool as the model sees it.
+
+    `parameters` is snapshotted deeply and immutably at construction: nothing
+    the caller mutates later reaches any assembly, and assemblies can share
+    the schema without copying it.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = attrs.field(converter=_freeze_parameters)
+
+
+@attrs.frozen(kw_only=True)
+class ToolProviderResult:
+    """What a tool provider returns for one assembly.
+
+    `schemas` are the tools visible in this assembly's scope; `known_names`
+    is the pre-restriction universe `tool_order` is validated against
+    (None: the names of `schemas`).
+    """
+
+    schemas: Sequence[ToolSchema] = attrs.field(converter=tuple)
+    known_names: Sequence[str] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(tuple)
+    )
+
+
+@attrs.frozen(kw_only=True)
+class PromptProtection:
+    """Section and tool names whose canonical pre-waterfall state is authoritative."""
+
+    sections: Sequence[str] = attrs.field(default=(), converter=tuple)
+    tools: Sequence[str] = attrs.field(default=(), converter=tuple)
+
+
+@attrs.frozen(kw_only=True)
+class AssembledSection:
+    """A section after its text provider ran; the text is not yet interpolated."""
+
+    name: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class AssembledContext:
+    """A context after its text provider ran (or after rendering, interpolated)."""
+
+    name: str
+    text: str
+
+
+@attrs.define(kw_only=True)
+class PromptAssembly:
+    """The mutable result of one assembly, which waterfall listeners may edit or replace.
+
+    Every assembly returns fresh containers; nothing here is shared with the
+    registry or with another assembly.
+    """
+
+    sections: list[AssembledSection] = attrs.field(factory=list)
+    contexts: list[AssembledContext] = attrs.field(factory=list)
+    tools: list[ToolSchema] = attrs.field(factory=list)
+    variables: dict[str, str | None] = attrs.field(factory=dict)

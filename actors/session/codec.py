@@ -1,0 +1,212 @@
+"""The one cattrs converter for the JSON of the session log.
+
+Tagged unions are written *as the union*, so their tag is part of the JSON:
+content blocks and chunks by `type`, message sources by `kind`. Optional
+fields that are unset are omitted. Unknown event types are refused on load
+unless the event is marked `ignorable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
+from cattrs.strategies import configure_tagged_union
+
+from actors.jsonvalue import thaw_json
+from actors.messages import (
+    Block,
+    Message,
+    PluginSource,
+    ReasoningBlock,
+    Source,
+    TextBlock,
+    ToolCallBlock,
+    ToolSource,
+    UserSource,
+)
+from actors.prompt.types import ToolSchema
+from actors.providers.chunks import (
+    Chunk,
+    Failure,
+    FinishChunk,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+    UsageChunk,
+)
+from actors.session.errors import SessionError, UnknownEventError
+from actors.session.events import EVENT_TYPES, Event, UnknownData
+from actors.session.header import RequestHeader
+
+converter = cattrs.Converter(omit_if_default=True, forbid_extra_keys=True)
+"""The log's converter: events, messages, chunks, headers."""
+
+_BLOCK_TAGS: dict[type, str] = {
+    TextBlock: "text",
+    ReasoningBlock: "reasoning",
+    ToolCallBlock: "tool-call",
+}
+_SOURCE_TAGS: dict[type, str] = {UserSource: "user", ToolSource: "tool", PluginSource: "plugin"}
+_CHUNK_TAGS: dict[type, str] = {
+    TextDelta: "text",
+    ReasoningDelta: "reasoning",
+    ToolCallDelta: "tool-call-delta",
+    UsageChunk: "usage",
+    FinishChunk: "finish",
+}
+
+
+def _configure_union(union: Any, tags: Mapping[type, str], tag_name: str) -> None:
+    """Structure `union` by its tag, and write the tag as the first key."""
+    configure_tagged_union(union, converter, tag_generator=tags.__getitem__, tag_name=tag_name)
+    member_hooks: dict[type, Callable[[Any], dict[str, Any]]] = {
+        cls: make_dict_unstructure_fn(cls, converter, _cattrs_omit_if_default=True) for cls in tags
+    }
+
+    def unstructure(value: Any) -> dict[str, Any]:
+        cls = type(value)
+        return {tag_name: tags[cls], **member_hooks[cls](value)}
+
+    converter.register_unstructure_hook(union, unstructure)
+
+
+_configure_union(Block, _BLOCK_TAGS, "type")
+_configure_union(Source, _SOURCE_TAGS, "kind")
+_configure_union(Chunk, _CHUNK_TAGS, "type")
+
+# Counters and failure descriptions are always written, even at their defaults.
+converter.register_unstructure_hook(
+    Usage,
+    make_dict_unstructure_fn(
+        Usage,
+        converter,
+        _cattrs_omit_if_default=False,
+        reasoning_tokens=override(omit_if_default=True),
+    ),
+)
+converter.register_unstructure_hook(
+    Failure,
+    make_dict_unstructure_fn(
+        Failure,
+        converter,
+        _cattrs_omit_if_default=False,
+        status=override(omit_if_default=True),
+        retry_after_ms=override(omit_if_default=True),
+    ),
+)
+
+
+def _unstructure_tool(schema: ToolSchema) -> dict[str, Any]:
+    return {
+        "name": schema.name,
+        "description": schema.description,
+        "parameters": thaw_json(schema.parameters),
+    }
+
+
+def _unstructure_header(header: RequestHeader) -> dict[str, Any]:
+    out: dict[str, Any] = {"config": thaw_json(header.config)}
+    if header.system:
+        out["system"] = header.system
+    if header.tools:
+        out["tools"] = [_unstructure_tool(tool) for tool in header.tools]
+    return out
+
+
+def _structure_header(obj: Any, _: type) -> RequestHeader:
+    if not isinstance(obj, Mapping) or "config" not in obj:
+        raise SessionError(f"a request header must be an object with 'config', got {obj!r}")
+    extra = set(obj) - {"config", "system", "tools"}
+    if extra:
+        raise SessionError(f"a request header has unknown fields {sorted(extra)}")
+    return RequestHeader(
+        config=obj["config"],
+        system=obj.get("system"),
+        tools=tuple(converter.structure(tool, ToolSchema) for tool in obj.get("tools", ())),
+    )
+
+
+converter.register_unstructure_hook(ToolSchema, _unstructure_tool)
+converter.register_unstructure_hook(RequestHeader, _unstructure_header)
+converter.register_structure_hook(RequestHeader, _structure_header)
+converter.register_unstructure_hook(UnknownData, lambda data: thaw_json(data.raw))
+
+
+def _unstructure_event(event: Event) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "type": event.type,
+        "seq": event.seq,
+        "time": event.time,
+        "data": converter.unstructure(event.data),
+    }
+    if event.surface_op is not None:
+        out["surface_op"] = event.surface_op
+        out["source_event_seqs"] = list(event.source_event_seqs or ())
+    if event.ignorable:
+        out["ignorable"] = True
+    return out
+
+
+def _structure_event(obj: Any, _: type) -> Event:
+    if not isinstance(obj, Mapping):
+        raise SessionError(f"an event must be a JSON object, got {type(obj).__name__}")
+    type_ = obj.get("type")
+    seq = obj.get("seq")
+    data_cls = EVENT_TYPES.get(type_) if isinstance(type_, str) else None
+    try:
+        if data_cls is None:
+            if not obj.get("ignorable", False):
+                raise UnknownEventError(
+                    f"event seq {seq} has unknown type {type_!r} and is not marked ignorable; "
+                    f"known types: {', '.join(EVENT_TYPES)}"
+                )
+            data: Any = UnknownData(raw=obj.get("data", {}))
+        else:
+            data = converter.structure(obj["data"], data_cls)
+        return Event(
+            type=str(type_),
+            seq=obj["seq"],
+            time=obj["time"],
+            data=data,
+            surface_op=obj.get("surface_op"),
+            source_event_seqs=obj.get("source_event_seqs"),
+            ignorable=bool(obj.get("ignorable", False)),
+        )
+    except SessionError:
+        raise
+    except (KeyError, TypeError, ValueError, cattrs.BaseValidationError) as exc:
+        raise SessionError(f"event seq {seq} ({type_}) is malformed: {exc!r}") from exc
+
+
+converter.register_unstructure_hook(Event, _unstructure_event)
+converter.register_structure_hook(Event, _structure_event)
+
+
+def event_to_json(event: Event) -> dict[str, Any]:
+    """The durable JSON form of one event."""
+    out: dict[str, Any] = converter.unstructure(event, Event)
+    return out
+
+
+def event_from_json(obj: Any) -> Event:
+    """Load one event from its JSON form.
+
+    Raises:
+        UnknownEventError: an unknown type that is not marked ignorable.
+        SessionError: anything else malformed; the message names the seq and type.
+    """
+    return converter.structure(obj, Event)
+
+
+def unstructure_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
+    """Messages as JSON, in order."""
+    return [converter.unstructure(message, Message) for message in messages]
+
+
+def unstructure_tools(tools: Iterable[ToolSchema]) -> list[dict[str, Any]]:
+    """Tool schemas as JSON `{"name", "description", "parameters"}`, in order."""
+    return [_unstructure_tool(tool) for tool in tools]

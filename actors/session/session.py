@@ -1,0 +1,264 @@
+"""The session log: the single source of truth for everything a model saw."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import attrs
+
+from actors.messages import Message
+from actors.session.codec import event_to_json
+from actors.session.errors import SessionError
+from actors.session.events import (
+    Event,
+    EventData,
+    StepEnd,
+    StepStart,
+    TurnEnd,
+    TurnEndReason,
+    TurnStart,
+    type_of,
+)
+from actors.session.header import RequestHeader
+from actors.session.reducers import derive_messages, fold_request_header, surface_events
+from actors.session.store import SessionStore
+
+WallClock = Callable[[], int]
+"""Returns the wall-clock time in epoch milliseconds."""
+
+
+def system_clock_ms() -> int:
+    """The machine's wall clock in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+def new_session_id() -> str:
+    """A fresh random session id."""
+    return uuid.uuid4().hex
+
+
+@attrs.define(eq=False)
+class Session:
+    """An append-only, numbered event log backed by a `SessionStore`.
+
+    Events get contiguous `seq` numbers from 0 and a wall-clock `time`.
+    `append` queues an event to the store (with backpressure) and returns it;
+    `flush` waits until everything appended so far is durable. The
+    model-visible message list is maintained incrementally, so deriving it
+    costs the same at turn 1 and turn 500.
+    """
+
+    id: str
+    store: SessionStore
+    clock: WallClock = system_clock_ms
+    _events: list[Event] = attrs.field(factory=list, alias="events")
+    _surface: list[Message] = attrs.field(factory=list, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._surface = derive_messages(self._events)
+
+    @classmethod
+    async def create(
+        cls,
+        store: SessionStore,
+        session_id: str | None = None,
+        *,
+        clock: WallClock = system_clock_ms,
+    ) -> Session:
+        """A new, empty session registered in `store`.
+
+        Raises:
+            SessionExistsError: `session_id` is already stored.
+        """
+        sid = session_id or new_session_id()
+        await store.create(sid)
+        return cls(id=sid, store=store, clock=clock)
+
+    @classmethod
+    async def load(
+        cls, store: SessionStore, session_id: str, *, clock: WallClock = system_clock_ms
+    ) -> Session:
+        """The stored session `session_id`, its events restored exactly.
+
+        A turn left open by a crash is closed: an open step gets `step/end`
+        and the turn `turn/end` with reason `interrupted`; earlier events are
+        never altered.
+
+        Raises:
+            UnknownSessionError: the store has no such session.
+            SessionError: a stored event cannot be decoded.
+        """
+        events = await store.load(session_id)
+        for expected, event in enumerate(events):
+            if event.seq != expected:
+                raise SessionError(
+                    f"session {session_id!r}: stored event {event.type} has seq {event.seq}, "
+                    f"expected {expected}"
+                )
+        session = cls(id=session_id, store=store, clock=clock, events=events)
+        await session._close_interrupted_turn()
+        return session
+
+    @classmethod
+    async def open(
+        cls,
+        store: SessionStore,
+        session_id: str | None = None,
+        *,
+        clock: WallClock = system_clock_ms,
+    ) -> Session:
+        """Load `session_id` when the store has it, else create it (or a fresh id)."""
+        if session_id is not None and await store.exists(session_id):
+            return await cls.load(store, session_id, clock=clock)
+        return await cls.create(store, session_id, clock=clock)
+
+    @property
+    def events(self) -> Sequence[Event]:
+        """Every event, in seq order (a read-only view)."""
+        return tuple(self._events)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    @property
+    def last_event(self) -> Event | None:
+        """The newest event, if any."""
+        return self._events[-1] if self._events else None
+
+    async def append(
+        self,
+        data: EventData,
+        *,
+        surface_op: Literal["replace"] | None = None,
+        source_event_seqs: Sequence[int] | None = None,
+        type: str | None = None,
+        ignorable: bool = False,
+    ) -> Event:
+        """Append one event and queue it to the store.
+
+        Returns once the store accepted it; call `flush()` to wait for
+        durability. Cancellation before the store accepted it leaves the log
+        unchanged.
+
+        Raises:
+            ReplacementError: a replacement cites events it cannot replace.
+        """
+        event = Event(
+            type=type or type_of(data),
+            seq=len(self._events),
+            time=self.clock(),
+            data=data,
+            surface_op=surface_op,
+            source_event_seqs=source_event_seqs,
+            ignorable=ignorable,
+        )
+        if surface_op is not None:
+            surface = derive_messages([*self._events, event])
+        await self.store.append(self.id, [event])
+        self._events.append(event)
+        if surface_op is not None:
+            self._surface = surface
+        elif event.is_surface:
+            self._surface.append(derive_messages([event])[0])
+        return event
+
+    async def flush(self) -> None:
+        """Return once every event appended so far is durable."""
+        await self.store.flush()
+
+    def derive_messages(self) -> list[Message]:
+        """The model-visible messages, rebuilt from the surface events (a fresh list)."""
+        return list(self._surface)
+
+    def surface_events(self) -> list[Event]:
+        """The surface events currently model-visible, in order."""
+        return surface_events(self._events)
+
+    def header(self) -> RequestHeader | None:
+        """The latest canonical request header in the log."""
+        return fold_request_header(self._events)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """The durable JSON form of every event, in order."""
+        return [event_to_json(event) for event in self._events]
+
+    def open_turn(self) -> int | None:
+        """The number of a turn that started and has not ended, if any."""
+        for event in reversed(self._events):
+            if isinstance(event.data, TurnEnd):
+                return None
+            if isinstance(event.data, TurnStart):
+                return event.data.turn
+        return None
+
+    def next_turn(self) -> int:
+        """The number the next turn gets (0 for an empty log)."""
+        for event in reversed(self._events):
+            if isinstance(event.data, TurnStart):
+                return event.data.turn + 1
+        return 0
+
+    def completed_turns(self) -> list[int]:
+        """Numbers of turns that have a `turn/end`, in order."""
+        return [e.data.turn for e in self._events if isinstance(e.data, TurnEnd)]
+
+    async def fork(
+        self, up_to_turn: int | None = None, *, session_id: str | None = None
+    ) -> Session:
+        """A new session in the same store holding this one's events up to `up_to_turn`.
+
+        The copy ends at the `turn/end` of `up_to_turn` (default: the last
+        completed turn); an in-flight turn is never copied. Events keep their
+        seq, time and data.
+
+        Raises:
+            SessionError: `up_to_turn` has not completed.
+        """
+        completed = self.completed_turns()
+        if up_to_turn is None:
+            end = self._end_of_last_completed_turn()
+        else:
+            if up_to_turn not in completed:
+                raise SessionError(
+                    f"session {self.id!r}: cannot fork up to turn {up_to_turn}; "
+                    f"completed turns are {completed}"
+                )
+            end = next(
+                e.seq
+                for e in self._events
+                if isinstance(e.data, TurnEnd) and e.data.turn == up_to_turn
+            )
+        child = await Session.create(self.store, session_id, clock=self.clock)
+        copied = self._events[: end + 1]
+        if copied:
+            await self.store.append(child.id, copied)
+        child._events = list(copied)
+        child._surface = derive_messages(copied)
+        return child
+
+    def _end_of_last_completed_turn(self) -> int:
+        for event in reversed(self._events):
+            if isinstance(event.data, TurnEnd):
+                return event.seq
+        return -1
+
+    async def _close_interrupted_turn(self) -> None:
+        turn = self.open_turn()
+        if turn is None:
+            return
+        open_step: StepStart | None = None
+        for event in reversed(self._events):
+            if isinstance(event.data, StepEnd):
+                break
+            if isinstance(event.data, StepStart):
+                open_step = event.data
+                break
+            if isinstance(event.data, TurnStart):
+                break
+        if open_step is not None:
+            await self.append(StepEnd(turn=open_step.turn, step=open_step.step))
+        await self.append(TurnEnd(turn=turn, reason=TurnEndReason(kind="interrupted")))
+        await self.flush()
