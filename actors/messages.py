@@ -7,7 +7,7 @@ text, reasoning and tool-call blocks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal, TypeAlias
 
 import attrs
@@ -51,15 +51,17 @@ class ToolSource:
     call_id: str
 
 
+def _optional_names(value: Iterable[str] | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class PluginSource:
     """Contributed by a context plugin; `form` and `sections` describe what it is."""
 
     plugin: str
     form: str | None = None
-    sections: tuple[str, ...] | None = attrs.field(
-        default=None, converter=attrs.converters.optional(tuple)
-    )
+    sections: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_names)
 
 
 Source: TypeAlias = UserSource | ToolSource | PluginSource

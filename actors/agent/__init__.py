@@ -1,1 +1,14 @@
-"""TBD."""
+"""Agents: the actor per session, its inbox, the turn/step loop and tools."""
+
+from actors.agent.agent import Agent as Agent
+from actors.agent.agent import AgentStatistics as AgentStatistics
+from actors.agent.agent import InboxFullError as InboxFullError
+from actors.agent.agent import open_agent as open_agent
+from actors.agent.decisions import Enter as Enter
+from actors.agent.decisions import Reject as Reject
+from actors.agent.decisions import Retry as Retry
+from actors.agent.decisions import StepProposal as StepProposal
+from actors.agent.options import AgentOptions as AgentOptions
+from actors.agent.options import RetryPolicy as RetryPolicy
+from actors.agent.tools import Tool as Tool
+from actors.agent.tools import ToolRegistry as ToolRegistry

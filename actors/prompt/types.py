@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import attrs
@@ -90,6 +90,18 @@ class ToolSchema:
     parameters: Mapping[str, Any] = attrs.field(converter=_freeze_parameters)
 
 
+def _schema_tuple(value: Iterable[ToolSchema]) -> tuple[ToolSchema, ...]:
+    return tuple(value)
+
+
+def _optional_names(value: Iterable[str] | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(value)
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class ToolProviderResult:
     """What a tool provider returns for one assembly.
@@ -99,18 +111,16 @@ class ToolProviderResult:
     (None: the names of `schemas`).
     """
 
-    schemas: Sequence[ToolSchema] = attrs.field(converter=tuple)
-    known_names: Sequence[str] | None = attrs.field(
-        default=None, converter=attrs.converters.optional(tuple)
-    )
+    schemas: Sequence[ToolSchema] = attrs.field(converter=_schema_tuple)
+    known_names: Sequence[str] | None = attrs.field(default=None, converter=_optional_names)
 
 
 @attrs.frozen(kw_only=True)
 class PromptProtection:
     """Section and tool names whose canonical pre-waterfall state is authoritative."""
 
-    sections: Sequence[str] = attrs.field(default=(), converter=tuple)
-    tools: Sequence[str] = attrs.field(default=(), converter=tuple)
+    sections: Sequence[str] = attrs.field(default=(), converter=_names)
+    tools: Sequence[str] = attrs.field(default=(), converter=_names)
 
 
 @attrs.frozen(kw_only=True)

@@ -17,3 +17,4 @@ from actors.session.store import MemoryStore as MemoryStore
 from actors.session.store import SessionExistsError as SessionExistsError
 from actors.session.store import SessionStore as SessionStore
 from actors.session.store import UnknownSessionError as UnknownSessionError
+from actors.session.replay import rebuild_request as rebuild_request

@@ -120,6 +120,10 @@ class Session:
         """Every event, in seq order (a read-only view)."""
         return tuple(self._events)
 
+    def events_since(self, seq: int) -> Sequence[Event]:
+        """The events with `seq` >= the given one, in order."""
+        return tuple(self._events[seq:])
+
     def __len__(self) -> int:
         return len(self._events)
 

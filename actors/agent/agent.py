@@ -1,0 +1,332 @@
+"""The Agent actor: an inbox task and a loop task over one session."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Literal
+
+import attrs
+import trio
+
+from actors.agent.decisions import PreStepListener, RequestErrorListener
+from actors.agent.inbox import Inbox, InboxStatistics
+from actors.agent.loop import WRITE_GRACE_SECONDS, AbortCause, AgentLoop, LoopStatistics
+from actors.agent.options import AgentOptions
+from actors.agent.tools import Tool, ToolRegistry
+from actors.messages import Message
+from actors.prompt import SystemPrompt
+from actors.providers.base import Provider
+from actors.scope import Registration, Scope
+from actors.session.session import Session, WallClock, system_clock_ms
+from actors.session.store import MemoryStore, SessionStore
+
+INBOX_CAPACITY = 1024
+"""Commands that may wait for the inbox task; beyond that `followup` & co. raise."""
+
+
+class InboxFullError(RuntimeError):
+    """The agent's inbox channel is full: the agent is not keeping up with its input."""
+
+
+@attrs.frozen(kw_only=True)
+class _Command:
+    kind: Literal["next-turn", "next-step"]
+    message: Message
+    wakes: bool
+    generation: int
+
+
+@attrs.frozen(kw_only=True)
+class AgentStatistics:
+    """A snapshot of an agent's state and counters."""
+
+    status: Literal["idle", "running"]
+    pending_commands: int
+    inbox: InboxStatistics
+    loop: LoopStatistics
+
+
+def _as_message(value: str | Message) -> Message:
+    if isinstance(value, Message):
+        if value.role != "user" or value.source is None:
+            raise ValueError(f"agent input must be a user message with a source, got {value!r}")
+        return value
+    return Message.user(value)
+
+
+@attrs.define(eq=False)
+class Agent:
+    """One session's actor: input goes in through the inbox, turns run in the loop task.
+
+    `followup`, `steer`, `inject`, `cancel`, `on_pre_step` and
+    `on_request_error` are synchronous and safe to call from any task of the
+    same Trio run. Input travels to the inbox task over a bounded channel
+    (capacity `INBOX_CAPACITY`; when full the call raises `InboxFullError`
+    rather than dropping input or blocking a synchronous caller).
+    """
+
+    session: Session
+    scope: Scope
+    _loop: AgentLoop
+    _send: trio.MemorySendChannel[_Command]
+    _receive: trio.MemoryReceiveChannel[_Command]
+    _wake_send: trio.MemorySendChannel[None]
+    _wake_receive: trio.MemoryReceiveChannel[None]
+    _pending: int = 0
+    _wake_requested: bool = False
+    _running: bool = False
+    _parked: bool = False
+    _generation: int = 0
+    _turn_scope: trio.CancelScope | None = None
+    _idle: trio.Event = attrs.field(factory=trio.Event)
+    _turn_done: trio.Event = attrs.field(factory=trio.Event)
+
+    def __attrs_post_init__(self) -> None:
+        self._idle.set()
+        self._turn_done.set()
+
+    @property
+    def status(self) -> Literal["idle", "running"]:
+        """"running" while a turn runs or woken input waits for one, else "idle"."""
+        return "idle" if self._idle.is_set() else "running"
+
+    @property
+    def inbox(self) -> Inbox:
+        """The parked input."""
+        return self._loop.inbox
+
+    @property
+    def options(self) -> AgentOptions:
+        """The agent's model options."""
+        return self._loop.options
+
+    @property
+    def tools(self) -> ToolRegistry:
+        """The agent's tools (their schemas feed the prompt)."""
+        return self._loop.tools
+
+    # -- input ------------------------------------------------------------
+
+    def followup(self, text_or_message: str | Message) -> None:
+        """Queue input for a turn of its own and wake the agent."""
+        self._submit("next-turn", text_or_message, wakes=True)
+
+    def steer(self, text_or_message: str | Message) -> None:
+        """Queue input for the next step and wake the agent."""
+        self._submit("next-step", text_or_message, wakes=True)
+
+    def inject(self, text_or_message: str | Message) -> None:
+        """Queue input for the next step without waking the agent."""
+        self._submit("next-step", text_or_message, wakes=False)
+
+    def cancel(self, keep_inbox: bool = False) -> None:
+        """Abort the live turn (`turn/end` aborted, reason user).
+
+        With `keep_inbox=False` queued input is dropped too; with True it
+        stays parked until the next wake.
+        """
+        self.abort("user", keep_inbox=keep_inbox)
+
+    def abort(self, cause: AbortCause, *, keep_inbox: bool = False) -> None:
+        """Abort the live turn recording `cause` ("user", "parent" or "disposed")."""
+        if not keep_inbox:
+            self._generation += 1
+            self._loop.inbox.clear()
+        self._parked = True
+        self._wake_requested = False
+        try:
+            self._wake_receive.receive_nowait()
+        except trio.WouldBlock:
+            pass
+        if self._turn_scope is not None:
+            self._loop.abort_cause = cause
+            self._turn_scope.cancel()
+        self._refresh_idle()
+
+    def _submit(
+        self, kind: Literal["next-turn", "next-step"], value: str | Message, *, wakes: bool
+    ) -> None:
+        command = _Command(
+            kind=kind, message=_as_message(value), wakes=wakes, generation=self._generation
+        )
+        try:
+            self._send.send_nowait(command)
+        except trio.WouldBlock:
+            raise InboxFullError(
+                f"agent {self.session.id!r}: inbox holds {INBOX_CAPACITY} unprocessed commands"
+            ) from None
+        if wakes:
+            self._pending += 1
+            self._refresh_idle()
+
+    # -- listeners --------------------------------------------------------
+
+    def on_pre_step(self, listener: PreStepListener) -> Registration:
+        """Add a pre-step listener; disposing the registration removes it."""
+        self._loop.pre_step.append(listener)
+        return self.scope.own(Registration(remove=lambda: self._loop.pre_step.remove(listener)))
+
+    def on_request_error(self, listener: RequestErrorListener) -> Registration:
+        """Add a request-error listener, consulted before the retry policy."""
+        self._loop.request_error.append(listener)
+        return self.scope.own(
+            Registration(remove=lambda: self._loop.request_error.remove(listener))
+        )
+
+    # -- waiting and statistics --------------------------------------------
+
+    async def when_idle(self) -> None:
+        """Return once no turn runs and no woken input waits.
+
+        Cancellation: cancellable; nothing is affected by cancelling it.
+        """
+        while not self._idle.is_set():
+            await self._idle.wait()
+        await trio.lowlevel.checkpoint()
+
+    def statistics(self) -> AgentStatistics:
+        """Current status, queue depths and loop counters."""
+        return AgentStatistics(
+            status=self.status,
+            pending_commands=self._pending,
+            inbox=self._loop.inbox.statistics(),
+            loop=self._loop.statistics(),
+        )
+
+    def _refresh_idle(self) -> None:
+        idle = not self._running and self._pending == 0 and not self._wake_requested
+        if idle and not self._idle.is_set():
+            self._idle.set()
+        elif not idle and self._idle.is_set():
+            self._idle = trio.Event()
+
+    # -- tasks ------------------------------------------------------------
+
+    async def run_inbox(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The inbox task: files commands in order and wakes the loop. Runs until cancelled."""
+        task_status.started()
+        async for command in self._receive:
+            if command.generation == self._generation:
+                if command.kind == "next-turn":
+                    self._loop.inbox.put_next_turn(command.message)
+                else:
+                    self._loop.inbox.put_next_step(command.message)
+            if command.wakes:
+                self._pending -= 1
+                if command.generation == self._generation:
+                    self._wake_requested = True
+                    self._parked = False
+                    try:
+                        self._wake_send.send_nowait(None)
+                    except trio.WouldBlock:
+                        pass  # a wake is already pending; it covers this one
+                self._refresh_idle()
+
+    async def run_loop(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The loop task: on each wake, runs turns while there is input. Runs until cancelled."""
+        task_status.started()
+        async for _ in self._wake_receive:
+            self._wake_requested = False
+            self._running = True
+            self._refresh_idle()
+            try:
+                while self._loop.inbox.has_turn_work() and not self._parked:
+                    await self._run_one_turn()
+            finally:
+                self._running = False
+                self._refresh_idle()
+
+    async def _run_one_turn(self) -> None:
+        self._turn_done = trio.Event()
+        try:
+            with trio.CancelScope() as scope:
+                self._turn_scope = scope
+                await self._loop.run_turn(on_parked=self._park)
+        finally:
+            self._turn_scope = None
+            self._turn_done.set()
+
+    def _park(self) -> None:
+        self._parked = True
+
+    async def dispose(self) -> None:
+        """Abort a live turn with cause "disposed" and wait until its `turn/end` is written.
+
+        Cancellation: shielded internally for at most the write grace period.
+        """
+        if self._turn_scope is not None:
+            self._loop.abort_cause = "disposed"
+            self._turn_scope.cancel()
+        with trio.CancelScope(shield=True), trio.move_on_after(WRITE_GRACE_SECONDS * 2):
+            await self._turn_done.wait()
+
+
+@asynccontextmanager
+async def open_agent(
+    *,
+    system_prompt: SystemPrompt,
+    provider: Provider,
+    options: AgentOptions | None = None,
+    store: SessionStore | None = None,
+    session_id: str | None = None,
+    tools: Sequence[Tool] = (),
+    scope: Scope | None = None,
+    clock: WallClock = system_clock_ms,
+    rng: random.Random | None = None,
+) -> AsyncIterator[Agent]:
+    """Run an agent over a session in its own nursery, yielding it once it accepts input.
+
+    `store=None` uses a fresh `MemoryStore`; a store whose writer is not
+    running is served by this agent's nursery for its lifetime. An existing
+    `session_id` resumes that session (a turn left open by a crash is closed
+    `interrupted`). The agent's scope is a child of `scope`; the variables
+    `model` and `provider` and the agent's tools are registered in it.
+
+    Leaving the context aborts a live turn (`turn/end` aborted, reason
+    "disposed"), closes the agent's scope and cancels its tasks. An
+    exception from the agent's tasks (a bug or a broken log, never a failed
+    turn) propagates out of the context.
+    """
+    options = options or AgentOptions(model="m")
+    store = store or MemoryStore()
+    async with trio.open_nursery() as nursery:
+        if not store.running:
+            await nursery.start(store.serve)
+        session = await Session.open(store, session_id, clock=clock)
+        agent_scope = Scope(name=f"agent:{session.id}", parent=scope)
+        registry = ToolRegistry.of(tools)
+        send, receive = trio.open_memory_channel[_Command](INBOX_CAPACITY)
+        wake_send, wake_receive = trio.open_memory_channel[None](1)
+        agent = Agent(
+            session=session,
+            scope=agent_scope,
+            loop=AgentLoop(
+                session=session,
+                system_prompt=system_prompt,
+                provider=provider,
+                options=options,
+                tools=registry,
+                inbox=Inbox(),
+                scope=agent_scope,
+                agent=None,
+                rng=rng or random.Random(),
+            ),
+            send=send,
+            receive=receive,
+            wake_send=wake_send,
+            wake_receive=wake_receive,
+        )
+        agent._loop.agent = agent
+        system_prompt.variable("model", lambda ctx: options.model, scope=agent_scope)
+        system_prompt.variable("provider", lambda ctx: options.provider_name, scope=agent_scope)
+        system_prompt.tools(registry.provider, scope=agent_scope)
+        await nursery.start(agent.run_inbox)
+        await nursery.start(agent.run_loop)
+        try:
+            yield agent
+        finally:
+            await agent.dispose()
+            agent_scope.close()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,64 @@
+"""The agent's inbox: input parked for the next turn or the next step."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import attrs
+
+from actors.messages import Message
+
+
+@attrs.frozen(kw_only=True)
+class InboxStatistics:
+    """Queue depths of an inbox."""
+
+    next_turn: int
+    next_step: int
+
+
+@attrs.define(eq=False)
+class Inbox:
+    """Two FIFO queues: next-turn input (`followup`) and next-step input (`steer`, `inject`).
+
+    A turn's first step claims one next-turn message followed by every
+    next-step message; later steps claim only next-step messages. Claiming
+    removes what it returns.
+    """
+
+    _next_turn: deque[Message] = attrs.field(factory=deque, init=False)
+    _next_step: deque[Message] = attrs.field(factory=deque, init=False)
+
+    def put_next_turn(self, message: Message) -> None:
+        """Park `message` for a turn of its own."""
+        self._next_turn.append(message)
+
+    def put_next_step(self, message: Message) -> None:
+        """Park `message` for the next step (of the live turn, or the next turn)."""
+        self._next_step.append(message)
+
+    def has_turn_work(self) -> bool:
+        """True when something could start a turn."""
+        return bool(self._next_turn or self._next_step)
+
+    def has_step_work(self) -> bool:
+        """True when the live turn has input for another step."""
+        return bool(self._next_step)
+
+    def claim(self, *, first_step: bool) -> list[Message]:
+        """Remove and return what the proposed step takes, in order."""
+        claimed: list[Message] = []
+        if first_step and self._next_turn:
+            claimed.append(self._next_turn.popleft())
+        claimed.extend(self._next_step)
+        self._next_step.clear()
+        return claimed
+
+    def clear(self) -> None:
+        """Drop every parked message."""
+        self._next_turn.clear()
+        self._next_step.clear()
+
+    def statistics(self) -> InboxStatistics:
+        """Current queue depths."""
+        return InboxStatistics(next_turn=len(self._next_turn), next_step=len(self._next_step))

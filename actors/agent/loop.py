@@ -1,0 +1,408 @@
+"""The turn/step machine: everything one turn does, logged before model I/O.
+
+Per turn: `turn/start`; per proposed step: claim inbox → assemble → render
+runtime context → projection → pre-step listeners → (if entered)
+`step/start`, `user/message`s, system text rendered once, then per attempt:
+header (if new or changed), flush, request, chunks, `assistant/message`,
+tool calls and results, `step/end`. Every failure ends the turn with a
+`turn/end` that says why; only a failure to write the log escapes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from contextlib import aclosing
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from actors.agent.decisions import (
+    Enter,
+    PreStepListener,
+    Reject,
+    RequestErrorListener,
+    Retry,
+    StepDecision,
+    StepProposal,
+)
+from actors.agent.inbox import Inbox
+from actors.agent.options import AgentOptions
+from actors.agent.projection import RuntimeContextProjection
+from actors.agent.stream import StreamAccumulator
+from actors.agent.tools import ToolRegistry
+from actors.messages import Message
+from actors.prompt import (
+    AssembleContext,
+    PromptAssembly,
+    PromptError,
+    SystemPrompt,
+    render_context_snapshot,
+    render_prompt,
+)
+from actors.providers.base import Provider
+from actors.providers.chunks import Failure, FinishChunk
+from actors.providers.request import GenerateRequest
+from actors.scope import Scope
+from actors.session.errors import SessionError
+from actors.session.events import (
+    AssistantChunk,
+    AssistantMessage,
+    Event,
+    EventData,
+    RequestHeaderLogged,
+    RequestRetry,
+    StepEnd,
+    StepStart,
+    ToolCallRequested,
+    ToolError,
+    ToolResult,
+    TurnEnd,
+    TurnEndReason,
+    TurnError,
+    TurnStart,
+    UserMessage,
+)
+from actors.session.header import RequestHeader, canonical_header, header_equals
+from actors.session.replay import RENDER_FAILED
+from actors.session.session import Session
+
+WRITE_GRACE_SECONDS = 5.0
+"""How long shielded end-of-turn writes may take after a cancellation."""
+
+
+AbortCause = Literal["user", "parent", "disposed"]
+
+
+class _TurnFailed(Exception):
+    """Internal: the turn ends with `reason` (raised out of a step)."""
+
+    def __init__(self, reason: TurnEndReason) -> None:
+        super().__init__(reason.kind)
+        self.reason = reason
+
+
+def _failure_error(failure: Failure) -> TurnError:
+    return TurnError(
+        message=failure.message or failure.code,
+        code=failure.code,
+        status=failure.status,
+        retry_after_ms=failure.retry_after_ms,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class LoopStatistics:
+    """Counters of one agent loop."""
+
+    turns: int
+    steps: int
+    requests: int
+    retries: int
+
+
+@attrs.define(eq=False)
+class AgentLoop:
+    """Runs turns for one agent over its session. Owned and driven by `Agent`.
+
+    Public entry point: `run_turn()`. Cancelling the scope the caller wraps
+    it in aborts the turn; the cause recorded in `turn/end` is read from
+    `abort_cause` (default "disposed").
+    """
+
+    session: Session
+    system_prompt: SystemPrompt
+    provider: Provider
+    options: AgentOptions
+    tools: ToolRegistry
+    inbox: Inbox
+    scope: Scope
+    agent: Any
+    rng: random.Random
+    pre_step: list[PreStepListener] = attrs.field(factory=list)
+    request_error: list[RequestErrorListener] = attrs.field(factory=list)
+    abort_cause: AbortCause = "disposed"
+    _projection: RuntimeContextProjection = attrs.field(factory=RuntimeContextProjection)
+    _config: dict[str, Any] = attrs.field(factory=dict, init=False)
+    _last_header: RequestHeader | None = attrs.field(default=None, init=False)
+    _header_logged: bool = attrs.field(default=False, init=False)
+    _turns: int = attrs.field(default=0, init=False)
+    _steps: int = attrs.field(default=0, init=False)
+    _requests: int = attrs.field(default=0, init=False)
+    _retries: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._config = self.options.request_config()
+        self._last_header = self.session.header()
+
+    def statistics(self) -> LoopStatistics:
+        """Turns, steps, requests and retries run by this loop."""
+        return LoopStatistics(
+            turns=self._turns, steps=self._steps, requests=self._requests, retries=self._retries
+        )
+
+    async def _append_shielded(self, *items: EventData) -> None:
+        """Write closing events even while the turn is being cancelled."""
+        with trio.CancelScope(shield=True), trio.move_on_after(WRITE_GRACE_SECONDS):
+            for data in items:
+                await self.session.append(data)
+            await self.session.flush()
+
+    # -- turn -------------------------------------------------------------
+
+    async def run_turn(self, on_parked: Callable[[], None]) -> TurnEndReason:
+        """Run one turn to its `turn/end` and return why it ended.
+
+        Cancellation (of the caller's scope) ends the turn `aborted` with
+        `abort_cause`; `on_parked` is called so the owner can park the inbox.
+        Raises only when the log itself cannot be written (`SessionError`).
+        """
+        turn = self.session.next_turn()
+        self._turns += 1
+        self.abort_cause = "disposed"
+        await self.session.append(TurnStart(turn=turn))
+        reason: TurnEndReason | None = None
+        log_broken = False
+        try:
+            reason = await self._turn_body(turn)
+        except _TurnFailed as failed:
+            reason = failed.reason
+        except SessionError:
+            log_broken = True
+            raise
+        except Exception as exc:
+            reason = TurnEndReason.failed(
+                TurnError(message=f"{type(exc).__name__}: {exc}", code="internal")
+            )
+        finally:
+            if reason is None and not log_broken:
+                # Leaving without a reason means cancellation (possibly inside an
+                # exception group from a nursery below): the turn was aborted.
+                reason = TurnEndReason.aborted(self.abort_cause)
+                on_parked()
+            if reason is not None:
+                await self._append_shielded(TurnEnd(turn=turn, reason=reason))
+        return reason
+
+    async def _turn_body(self, turn: int) -> TurnEndReason:
+        step = 0
+        while True:
+            claimed = self.inbox.claim(first_step=step == 0)
+            assembly, decision = await self._propose(turn, step, claimed)
+            if isinstance(decision, Reject):
+                return TurnEndReason(kind="blocked")
+            if step == 0 and not decision.messages:
+                return TurnEndReason.completed()
+            outcome = await self._run_step(turn, step, assembly, decision.messages)
+            if outcome is not None:
+                return outcome
+            step += 1
+
+    async def _propose(
+        self, turn: int, step: int, claimed: list[Message]
+    ) -> tuple[PromptAssembly, StepDecision]:
+        try:
+            assembly = await self.system_prompt.assemble(
+                AssembleContext(scope=self.scope, agent=self.agent)
+            )
+            text, sections = render_context_snapshot(assembly)
+        except PromptError as exc:
+            raise _TurnFailed(
+                TurnEndReason.failed(TurnError(message=str(exc), code="prompt_error"))
+            ) from exc
+        self._projection.catch_up(self.session)
+        candidate = self._projection.propose(text, sections)
+        default = [*claimed, candidate] if candidate is not None else list(claimed)
+        proposal = StepProposal(
+            turn=turn, step=step, messages=tuple(claimed), context=candidate, assembly=assembly
+        )
+        decision = await self._decide(proposal, default)
+        return assembly, decision
+
+    async def _decide(self, proposal: StepProposal, default: list[Message]) -> StepDecision:
+        listeners = list(self.pre_step)
+
+        async def call(index: int) -> StepDecision:
+            if index == len(listeners):
+                return Enter(messages=default)
+            decision = await listeners[index](proposal, lambda: call(index + 1))
+            if not isinstance(decision, Enter | Reject):
+                raise TypeError(
+                    f"pre-step listener {listeners[index]!r} returned {decision!r}, "
+                    "not Enter or Reject"
+                )
+            return decision
+
+        return await call(0)
+
+    # -- step -------------------------------------------------------------
+
+    async def _run_step(
+        self, turn: int, step: int, assembly: PromptAssembly, entered: Sequence[Message]
+    ) -> TurnEndReason | None:
+        """Run one entered step; returns a turn-ending reason, or None to go on."""
+        self._steps += 1
+        await self.session.append(StepStart(turn=turn, step=step))
+        try:
+            for message in entered:
+                if message.role != "user" or message.source is None:
+                    raise TypeError(f"step {turn}.{step} entered a non-user message: {message!r}")
+                await self.session.append(UserMessage(content=message.content, source=message.source))
+            try:
+                system = render_prompt(assembly)
+            except PromptError as exc:
+                return TurnEndReason.failed(TurnError(message=str(exc), code=RENDER_FAILED))
+            header = canonical_header(
+                RequestHeader(config=self._config, system=system, tools=assembly.tools)
+            )
+            result = await self._request_with_retries(turn, step, header)
+            if result.reason == "max-tokens":
+                await self.session.append(
+                    AssistantMessage(
+                        turn=turn,
+                        step=step,
+                        message=result.message(with_tool_calls=False),
+                        usage=result.usage,
+                    )
+                )
+                return TurnEndReason(kind="max-tokens")
+            message = result.message(with_tool_calls=True)
+            await self.session.append(
+                AssistantMessage(turn=turn, step=step, message=message, usage=result.usage)
+            )
+            if message.tool_calls:
+                await self._run_tools(turn, step, message)
+                return None
+            if self.inbox.has_step_work():
+                return None
+            return TurnEndReason.completed()
+        finally:
+            await self._append_shielded(StepEnd(turn=turn, step=step))
+
+    async def _log_header(self, header: RequestHeader) -> None:
+        if not self._header_logged:
+            reason: Literal["initial", "resume", "change"] = (
+                "resume" if self._last_header is not None else "initial"
+            )
+        elif not header_equals(self._last_header, header):
+            reason = "change"
+        else:
+            return
+        await self.session.append(RequestHeaderLogged(header=header, reason=reason))
+        self._last_header = header
+        self._header_logged = True
+
+    async def _request_with_retries(
+        self, turn: int, step: int, header: RequestHeader
+    ) -> StreamAccumulator:
+        attempt = 0
+        while True:
+            await self._log_header(header)
+            await self.session.flush()
+            request = GenerateRequest(
+                config=header.config,
+                system=header.system,
+                tools=header.tools,
+                messages=self.session.derive_messages(),
+            )
+            result = await self._stream(turn, step, request)
+            failure = result.failure
+            if failure is None:
+                return result
+            delay_ms = await self._retry_delay(failure, attempt)
+            if delay_ms is None:
+                raise _TurnFailed(TurnEndReason.failed(_failure_error(failure)))
+            self._retries += 1
+            await self.session.append(
+                RequestRetry(turn=turn, step=step, attempt=attempt, delay_ms=delay_ms, failure=failure)
+            )
+            await trio.sleep(delay_ms / 1000)
+            attempt += 1
+
+    async def _retry_delay(self, failure: Failure, attempt: int) -> int | None:
+        for listener in list(self.request_error):
+            decision = await listener(failure, attempt)
+            if isinstance(decision, Retry):
+                if decision.delay_ms is not None:
+                    return decision.delay_ms
+                policy_delay = self.options.retry.delay_ms(
+                    attrs.evolve(failure, retryable=True), attempt, self.rng
+                )
+                return 0 if policy_delay is None else policy_delay
+            if decision is not None:
+                raise TypeError(
+                    f"request-error listener {listener!r} returned {decision!r}, not Retry or None"
+                )
+        return self.options.retry.delay_ms(failure, attempt, self.rng)
+
+    async def _stream(self, turn: int, step: int, request: GenerateRequest) -> StreamAccumulator:
+        self._requests += 1
+        result = StreamAccumulator()
+        finished = False
+        try:
+            async with aclosing(self.provider.stream(request)) as chunks:
+                async for chunk in chunks:
+                    await self.session.append(AssistantChunk(turn=turn, step=step, chunk=chunk))
+                    result.add(chunk)
+                    if result.finish is not None:
+                        break
+            finished = True
+        finally:
+            if not finished and result.has_content:
+                # Cancelled (or the provider broke) mid-stream: keep what was
+                # streamed as an interrupted answer.
+                await self._append_shielded(
+                    AssistantMessage(
+                        turn=turn,
+                        step=step,
+                        message=result.message(with_tool_calls=False),
+                        usage=result.usage,
+                        interrupted=True,
+                    )
+                )
+        if result.finish is None:
+            failure = Failure(
+                code="stream_incomplete",
+                message="the provider's stream ended without a finish chunk",
+            )
+            result.add(FinishChunk(reason="error", failure=failure))
+        return result
+
+    # -- tools ------------------------------------------------------------
+
+    async def _run_tools(self, turn: int, step: int, message: Message) -> None:
+        calls = [
+            ToolCallRequested(
+                turn=turn, step=step, call_id=block.id, name=block.name, arguments=block.arguments
+            )
+            for block in message.tool_calls
+        ]
+        for call in calls:
+            await self.session.append(call)
+        results: list[ToolResult | None] = [None] * len(calls)
+
+        async def run_one(index: int, call: ToolCallRequested) -> None:
+            results[index] = await self.tools.run(call)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for index, call in enumerate(calls):
+                    nursery.start_soon(run_one, index, call)
+        finally:
+            # Every call gets a result, even when cancelled, so the log never
+            # holds a tool call the provider would reject as unanswered.
+            completed = [
+                result
+                if result is not None
+                else ToolResult(
+                    turn=turn,
+                    step=step,
+                    call_id=call.call_id,
+                    content="the tool call was cancelled before it finished",
+                    is_error=True,
+                    error=ToolError(name="Cancelled", code="cancelled"),
+                )
+                for call, result in zip(calls, results, strict=True)
+            ]
+            await self._append_shielded(*completed)

@@ -1,0 +1,130 @@
+"""Tools the model can call, and the registry that feeds their schemas to the prompt."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from actors.jsonvalue import freeze_json
+from actors.prompt.types import AssembleContext, ToolProviderResult, ToolSchema
+from actors.session.events import ToolCallRequested, ToolError, ToolResult
+
+ToolExecute = Callable[[dict[str, Any] | str, ToolCallRequested], Awaitable[str]]
+"""`async def execute(arguments, call) -> str`; `arguments` is the parsed JSON object,
+or the raw string when it is not a JSON object."""
+
+
+class ToolRegistryError(ValueError):
+    """A tool registry was given a duplicate or malformed tool."""
+
+
+def _freeze_parameters(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    frozen: Mapping[str, Any] = freeze_json(value, where="parameters")
+    return frozen
+
+
+@attrs.frozen(kw_only=True)
+class Tool:
+    """A tool: its model-facing schema and the coroutine that runs it.
+
+    Raising from `execute` yields an error `tool/result` carrying the
+    exception's message; it never crashes the agent.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = attrs.field(converter=_freeze_parameters)
+    execute: ToolExecute
+
+    @property
+    def schema(self) -> ToolSchema:
+        """The schema the prompt registry shows the model."""
+        return ToolSchema(name=self.name, description=self.description, parameters=self.parameters)
+
+
+def parse_arguments(raw: str) -> dict[str, Any] | str:
+    """The arguments as a JSON object, or the raw string when they are not one."""
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return raw
+    return value if isinstance(value, dict) else raw
+
+
+@attrs.define(eq=False)
+class ToolRegistry:
+    """An agent's tools, by name.
+
+    `provider` is a tool-schema provider for the prompt registry, so the
+    schemas the model sees and the tools that run are the same set.
+    """
+
+    _tools: dict[str, Tool] = attrs.field(factory=dict, init=False)
+    _schemas: tuple[ToolSchema, ...] = attrs.field(default=(), init=False)
+
+    @classmethod
+    def of(cls, tools: Iterable[Tool]) -> ToolRegistry:
+        """A registry holding `tools`.
+
+        Raises:
+            ToolRegistryError: two tools share a name.
+        """
+        registry = cls()
+        for tool in tools:
+            registry.add(tool)
+        return registry
+
+    def add(self, tool: Tool) -> None:
+        """Add `tool`; raises `ToolRegistryError` naming a duplicate."""
+        if tool.name in self._tools:
+            raise ToolRegistryError(f"tool {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+        self._schemas = tuple(t.schema for t in self._tools.values())
+
+    def remove(self, name: str) -> None:
+        """Remove the tool `name`; raises `ToolRegistryError` when there is none."""
+        if self._tools.pop(name, None) is None:
+            raise ToolRegistryError(f"no tool named {name!r}; registered: {self.names()}")
+        self._schemas = tuple(t.schema for t in self._tools.values())
+
+    def names(self) -> list[str]:
+        """Registered tool names, in registration order."""
+        return list(self._tools)
+
+    def get(self, name: str) -> Tool | None:
+        """The tool `name`, if registered."""
+        return self._tools.get(name)
+
+    def provider(self, ctx: AssembleContext) -> ToolProviderResult:
+        """Tool-schema provider: every registered tool is visible."""
+        return ToolProviderResult(schemas=self._schemas)
+
+    async def run(self, call: ToolCallRequested) -> ToolResult:
+        """Execute `call`; a missing tool or a raising tool yields an error result."""
+        tool = self._tools.get(call.name)
+        if tool is None:
+            return ToolResult(
+                turn=call.turn,
+                step=call.step,
+                call_id=call.call_id,
+                content=f"unknown tool {call.name!r}; available: {', '.join(self._tools)}",
+                is_error=True,
+                error=ToolError(name="UnknownTool", code="unknown_tool"),
+            )
+        try:
+            content = await tool.execute(parse_arguments(call.arguments), call)
+        except Exception as exc:
+            return ToolResult(
+                turn=call.turn,
+                step=call.step,
+                call_id=call.call_id,
+                content=str(exc) or type(exc).__name__,
+                is_error=True,
+                error=ToolError(name=type(exc).__name__, code="tool_error"),
+            )
+        return ToolResult(
+            turn=call.turn, step=call.step, call_id=call.call_id, content=content, is_error=False
+        )

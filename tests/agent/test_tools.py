@@ -1,0 +1,138 @@
+"""Tool execution: concurrent within a step, failures become error results."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from actors.agent import Tool, ToolRegistry, open_agent
+from actors.agent.tools import ToolRegistryError
+from actors.prompt import SystemPrompt
+from actors.providers import Reply, ScriptedProvider, ToolCall
+from actors.session.events import ToolCallRequested
+from tests.agent.helpers import data_of, turn_end_kinds
+
+
+async def test_tool_calls_of_one_step_run_concurrently() -> None:
+    a_started, b_started = trio.Event(), trio.Event()
+
+    async def a(arguments: dict[str, object] | str, call: object) -> str:
+        a_started.set()
+        await b_started.wait()
+        return "a"
+
+    async def b(arguments: dict[str, object] | str, call: object) -> str:
+        b_started.set()
+        await a_started.wait()
+        return "b"
+
+    tools = [
+        Tool(name="a", description="d", parameters={"type": "object"}, execute=a),
+        Tool(name="b", description="d", parameters={"type": "object"}, execute=b),
+    ]
+    provider = ScriptedProvider(
+        [
+            Reply.tool_calls([ToolCall(id="1", name="a"), ToolCall(id="2", name="b")]),
+            Reply.text("done"),
+        ]
+    )
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, tools=tools) as agent:
+        agent.followup("go")
+        with trio.fail_after(5):
+            await agent.when_idle()
+    results = data_of(agent.session, "tool/result")
+    assert [(r.call_id, r.content) for r in results] == [("1", "a"), ("2", "b")]
+
+
+async def test_raising_tool_yields_an_error_result_and_the_turn_goes_on() -> None:
+    async def explode(arguments: dict[str, object] | str, call: object) -> str:
+        raise LookupError("no such file: a.txt")
+
+    tool = Tool(name="read", description="d", parameters={"type": "object"}, execute=explode)
+    provider = ScriptedProvider(
+        [Reply.tool_calls([ToolCall(id="1", name="read")]), Reply.text("sorry")]
+    )
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, tools=[tool]) as agent:
+        agent.followup("go")
+        await agent.when_idle()
+    result = data_of(agent.session, "tool/result")[0]
+    assert result.is_error is True
+    assert result.content == "no such file: a.txt"
+    assert result.error.name == "LookupError"
+    assert turn_end_kinds(agent.session) == ["completed"]
+    assert provider.requests[1].messages[-1].is_error is True
+
+
+async def test_unknown_tool_yields_an_error_result_naming_the_tool() -> None:
+    provider = ScriptedProvider(
+        [Reply.tool_calls([ToolCall(id="1", name="nope")]), Reply.text("ok")]
+    )
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        agent.followup("go")
+        await agent.when_idle()
+    result = data_of(agent.session, "tool/result")[0]
+    assert result.is_error and "'nope'" in result.content
+
+
+async def test_tool_receives_parsed_arguments_or_the_raw_string() -> None:
+    seen: dict[str, object] = {}
+
+    async def record(arguments: dict[str, object] | str, call: ToolCallRequested) -> str:
+        seen[call.call_id] = arguments
+        return "ok"
+
+    tool = Tool(name="t", description="d", parameters={"type": "object"}, execute=record)
+    provider = ScriptedProvider(
+        [
+            Reply.tool_calls(
+                [ToolCall(id="1", name="t", arguments='{"x": 1}'), ToolCall(id="2", name="t", arguments="not json")]
+            ),
+            Reply.text("ok"),
+        ]
+    )
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, tools=[tool]) as agent:
+        agent.followup("go")
+        await agent.when_idle()
+    assert seen == {"1": {"x": 1}, "2": "not json"}
+    assert [c.arguments for c in data_of(agent.session, "tool/call")] == ['{"x": 1}', "not json"]
+
+
+async def test_tool_schemas_reach_the_request_in_code_point_order() -> None:
+    async def noop(arguments: dict[str, object] | str, call: object) -> str:
+        return ""
+
+    tools = [
+        Tool(name=name, description=name, parameters={"type": "object"}, execute=noop)
+        for name in ("zeta", "Alpha", "beta")
+    ]
+    provider = ScriptedProvider([Reply.text("ok")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, tools=tools) as agent:
+        agent.followup("go")
+        await agent.when_idle()
+    assert [t.name for t in provider.requests[0].tools] == ["Alpha", "beta", "zeta"]
+
+
+async def test_cancelled_tool_calls_still_get_error_results() -> None:
+    async def forever(arguments: dict[str, object] | str, call: object) -> str:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    tool = Tool(name="wait", description="d", parameters={"type": "object"}, execute=forever)
+    provider = ScriptedProvider([Reply.tool_calls([ToolCall(id="1", name="wait")])])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, tools=[tool]) as agent:
+        agent.followup("go")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.cancel()
+        await agent.when_idle()
+    result = data_of(agent.session, "tool/result")[0]
+    assert (result.call_id, result.is_error, result.error.code) == ("1", True, "cancelled")
+    assert turn_end_kinds(agent.session) == ["aborted"]
+
+
+def test_duplicate_tool_names_are_refused() -> None:
+    async def noop(arguments: dict[str, object] | str, call: object) -> str:
+        return ""
+
+    tool = Tool(name="t", description="d", parameters={}, execute=noop)
+    with pytest.raises(ToolRegistryError, match="'t'"):
+        ToolRegistry.of([tool, tool])
