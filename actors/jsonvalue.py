@@ -59,7 +59,8 @@ def freeze_json(value: JSONValue, *, where: str = "value") -> JSONValue:
         TypeError: a value is not JSON-like (non-str key, NaN, an object); the
             message names the path inside `where`.
     """
-    if value is None or isinstance(value, (bool, int, str)):
+    if value is None or isinstance(value, (bool, int, str, FrozenDict)):
+        # A FrozenDict is only ever built by this function, so it is frozen all the way down.
         return value
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -89,7 +90,7 @@ class Agent:
 
     @property
     def status(self) -> Literal["idle", "running"]:
-        """"running" while a turn runs or woken input waits for one, else "idle"."""
+        """ "running" while a turn runs or woken input waits for one, else "idle"."""
         return "idle" if self._idle.is_set() else "running"
 
     @property
@@ -136,10 +137,8 @@ class Agent:
             self._loop.inbox.clear()
         self._parked = True
         self._wake_requested = False
-        try:
+        with contextlib.suppress(trio.WouldBlock):
             self._wake_receive.receive_nowait()
-        except trio.WouldBlock:
-            pass
         if self._turn_scope is not None:
             self._loop.abort_cause = cause
             self._turn_scope.cancel()
@@ -204,7 +203,9 @@ class Agent:
 
     # -- tasks ------------------------------------------------------------
 
-    async def run_inbox(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run_inbox(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """The inbox task: files commands in order and wakes the loop. Runs until cancelled."""
         task_status.started()
         async for command in self._receive:
@@ -218,13 +219,14 @@ class Agent:
                 if command.generation == self._generation:
                     self._wake_requested = True
                     self._parked = False
-                    try:
+                    # A full wake channel means a wake is already pending; it covers this one.
+                    with contextlib.suppress(trio.WouldBlock):
                         self._wake_send.send_nowait(None)
-                    except trio.WouldBlock:
-                        pass  # a wake is already pending; it covers this one
                 self._refresh_idle()
 
-    async def run_loop(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run_loop(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """The loop task: on each wake, runs turns while there is input. Runs until cancelled."""
         task_status.started()
         async for _ in self._wake_receive:

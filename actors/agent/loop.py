@@ -49,7 +49,6 @@ from actors.session.errors import SessionError
 from actors.session.events import (
     AssistantChunk,
     AssistantMessage,
-    Event,
     EventData,
     RequestHeaderLogged,
     RequestRetry,
@@ -248,7 +247,9 @@ class AgentLoop:
             for message in entered:
                 if message.role != "user" or message.source is None:
                     raise TypeError(f"step {turn}.{step} entered a non-user message: {message!r}")
-                await self.session.append(UserMessage(content=message.content, source=message.source))
+                await self.session.append(
+                    UserMessage(content=message.content, source=message.source)
+                )
             try:
                 system = render_prompt(assembly)
             except PromptError as exc:
@@ -315,7 +316,9 @@ class AgentLoop:
                 raise _TurnFailed(TurnEndReason.failed(_failure_error(failure)))
             self._retries += 1
             await self.session.append(
-                RequestRetry(turn=turn, step=step, attempt=attempt, delay_ms=delay_ms, failure=failure)
+                RequestRetry(
+                    turn=turn, step=step, attempt=attempt, delay_ms=delay_ms, failure=failure
+                )
             )
             await trio.sleep(delay_ms / 1000)
             attempt += 1

@@ -40,9 +40,9 @@ class RetryPolicy:
             return None
         if failure.retry_after_ms is not None:
             return min(failure.retry_after_ms, self.max_retry_after_ms)
-        backoff = min(self.max_delay_ms, self.base_delay_ms * 2**attempt)
+        backoff = min(self.max_delay_ms, self.base_delay_ms << attempt)
         spread = backoff * self.jitter
-        return max(0, int(round(backoff + rng.uniform(-spread, spread))))
+        return max(0, round(backoff + rng.uniform(-spread, spread)))
 
 
 def _freeze_extra(value: Mapping[str, Any]) -> Mapping[str, Any]:

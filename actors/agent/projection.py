@@ -20,9 +20,7 @@ from actors.session.events import Event, UserMessage
 from actors.session.session import Session
 
 SNAPSHOT_FORM = "snapshot"
-TOMBSTONE_TEXT = (
-    "Current runtime context: none. Earlier runtime-context snapshots no longer apply."
-)
+TOMBSTONE_TEXT = "Current runtime context: none. Earlier runtime-context snapshots no longer apply."
 
 
 def is_runtime_context(message: Message) -> bool:

@@ -82,13 +82,13 @@ class ToolRegistry:
         if tool.name in self._tools:
             raise ToolRegistryError(f"tool {tool.name!r} is already registered")
         self._tools[tool.name] = tool
-        self._schemas = tuple(t.schema for t in self._tools.values())
+        self._schemas = (*self._schemas, tool.schema)
 
     def remove(self, name: str) -> None:
         """Remove the tool `name`; raises `ToolRegistryError` when there is none."""
         if self._tools.pop(name, None) is None:
             raise ToolRegistryError(f"no tool named {name!r}; registered: {self.names()}")
-        self._schemas = tuple(t.schema for t in self._tools.values())
+        self._schemas = tuple(schema for schema in self._schemas if schema.name != name)
 
     def names(self) -> list[str]:
         """Registered tool names, in registration order."""

@@ -95,7 +95,8 @@ def rebuild_request(
     index = attempt if attempt >= 0 else len(starts) + attempt
     if not 0 <= index < len(starts):
         raise SessionError(
-            f"turn {turn} step {step} has {len(starts)} attempt(s); attempt {attempt} does not exist"
+            f"turn {turn} step {step} has {len(starts)} attempt(s); "
+            f"attempt {attempt} does not exist"
         )
     cut = starts[index]
     while cut < end and isinstance(log[cut].data, RequestHeaderLogged):

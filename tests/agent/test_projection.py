@@ -114,7 +114,9 @@ async def test_compaction_of_the_retained_snapshot_makes_the_next_step_reassert_
         await agent.when_idle()
         first = [e.seq for e in agent.session.surface_events()]
         await agent.session.append(
-            UserMessage(content="Summary of earlier work.", source=PluginSource(plugin="compaction")),
+            UserMessage(
+                content="Summary of earlier work.", source=PluginSource(plugin="compaction")
+            ),
             surface_op="replace",
             source_event_seqs=first,
         )
@@ -122,5 +124,5 @@ async def test_compaction_of_the_retained_snapshot_makes_the_next_step_reassert_
         await agent.when_idle()
     assert len(snapshots(agent)) == 2
     last = provider.requests[-1].messages
-    assert [m.text for m in last][0] == "Summary of earlier work."
+    assert last[0].text == "Summary of earlier work."
     assert last[-1].text == f"{PREAMBLE}\n\nread-only"

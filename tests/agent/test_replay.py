@@ -45,7 +45,9 @@ def reply_strategy() -> st.SearchStrategy[list[Reply]]:
         lambda t: [Reply.failure("overloaded", retryable=True), Reply.text(t)]
     )
     one_turn = st.one_of(plain.map(lambda r: [r]), tools, failure_then_text)
-    return st.lists(one_turn, min_size=1, max_size=4).map(lambda turns: [r for t in turns for r in t])
+    return st.lists(one_turn, min_size=1, max_size=4).map(
+        lambda turns: [r for t in turns for r in t]
+    )
 
 
 def attempts_by_step(events: list[dict[str, object]]) -> list[tuple[int, int, int]]:

@@ -54,9 +54,13 @@ async def test_retries_wait_the_policy_delay_and_are_logged(autojump_clock: trio
             Reply.text("finally"),
         ]
     )
-    options = AgentOptions(model="m", retry=RetryPolicy(max_retries=2, base_delay_ms=1_000, jitter=0))
+    options = AgentOptions(
+        model="m", retry=RetryPolicy(max_retries=2, base_delay_ms=1_000, jitter=0)
+    )
     start = trio.current_time()
-    async with open_agent(system_prompt=SystemPrompt(), provider=provider, options=options) as agent:
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=provider, options=options
+    ) as agent:
         agent.followup("hi")
         await agent.when_idle()
     retries = data_of(agent.session, "request/retry")
@@ -113,11 +117,11 @@ async def test_request_error_listener_is_consulted_before_the_policy(
 
 
 async def test_failed_attempt_keeps_its_chunks_but_gets_no_assistant_message() -> None:
-    provider = ScriptedProvider(
-        [Reply.failure("overloaded", retryable=True), Reply.text("ok")]
-    )
+    provider = ScriptedProvider([Reply.failure("overloaded", retryable=True), Reply.text("ok")])
     options = AgentOptions(model="m", retry=RetryPolicy(base_delay_ms=0))
-    async with open_agent(system_prompt=SystemPrompt(), provider=provider, options=options) as agent:
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=provider, options=options
+    ) as agent:
         agent.followup("hi")
         await agent.when_idle()
     chunks = data_of(agent.session, "assistant/chunk")

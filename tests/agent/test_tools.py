@@ -85,7 +85,10 @@ async def test_tool_receives_parsed_arguments_or_the_raw_string() -> None:
     provider = ScriptedProvider(
         [
             Reply.tool_calls(
-                [ToolCall(id="1", name="t", arguments='{"x": 1}'), ToolCall(id="2", name="t", arguments="not json")]
+                [
+                    ToolCall(id="1", name="t", arguments='{"x": 1}'),
+                    ToolCall(id="2", name="t", arguments="not json"),
+                ]
             ),
             Reply.text("ok"),
         ]

@@ -17,7 +17,9 @@ async def echo(arguments: dict[str, object] | str, call: object) -> str:
     return json.dumps(arguments)
 
 
-ECHO = Tool(name="echo", description="Echo the arguments.", parameters={"type": "object"}, execute=echo)
+ECHO = Tool(
+    name="echo", description="Echo the arguments.", parameters={"type": "object"}, execute=echo
+)
 
 
 async def test_step_events_follow_the_documented_order() -> None:

@@ -1,0 +1,196 @@
+"""The provider actor: one per configured provider, shared by every agent that uses it.
+
+It owns the provider's `httpx.AsyncClient` (explicit `Limits` and
+`Timeout`), caps the requests in flight (DeepSeek limits concurrency per
+account) and streams each request's chunks to its caller over a bounded
+channel. Callers hold a `Provider`-compatible handle (the actor itself):
+`stream(request)` queues a job and yields chunks as they arrive. A caller
+that stops reading or is cancelled cancels its job, which closes the HTTP
+stream at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+
+import attrs
+import httpx
+import trio
+
+from actors.providers.base import Provider, ProviderError
+from actors.providers.chunks import Chunk, Failure, FinishChunk
+from actors.providers.request import GenerateRequest
+
+ProviderFactory = Callable[[httpx.AsyncClient], Provider]
+"""Builds the adapter over the actor's client (e.g. an OpenAI-compatible adapter)."""
+
+
+@attrs.frozen(kw_only=True)
+class ProviderActorStatistics:
+    """Counters of a provider actor."""
+
+    name: str
+    queued: int
+    in_flight: int
+    max_in_flight: int
+    completed: int
+    failed: int
+    cancelled: int
+
+
+@attrs.define(eq=False)
+class _Job:
+    request: GenerateRequest
+    chunks: trio.MemorySendChannel[Chunk]
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+
+@attrs.define(eq=False)
+class ProviderActor:
+    """Serves one provider's requests under a concurrency cap.
+
+    Run it with `await nursery.start(actor.serve)`; until then (and after it
+    stops) `stream` reports a `provider_unavailable` failure. Jobs wait in a
+    bounded queue (`queue_size`; a full queue blocks the caller:
+    backpressure); at most `max_in_flight` run at once; each job's chunks
+    travel over a channel of `chunk_buffer` (a slow reader slows its own
+    stream only).
+    """
+
+    name: str
+    factory: ProviderFactory
+    timeout: httpx.Timeout = attrs.field(factory=lambda: httpx.Timeout(30.0, connect=10.0))
+    limits: httpx.Limits = attrs.field(
+        factory=lambda: httpx.Limits(max_connections=64, max_keepalive_connections=16)
+    )
+    max_in_flight: int = 16
+    queue_size: int = 256
+    chunk_buffer: int = 64
+    _jobs_send: trio.MemorySendChannel[_Job] | None = attrs.field(default=None, init=False)
+    _queued: int = attrs.field(default=0, init=False)
+    _in_flight: int = attrs.field(default=0, init=False)
+    _completed: int = attrs.field(default=0, init=False)
+    _failed: int = attrs.field(default=0, init=False)
+    _cancelled: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_in_flight < 1:
+            raise ProviderError(f"provider {self.name!r}: max_in_flight must be >= 1")
+
+    @property
+    def running(self) -> bool:
+        """True while `serve` accepts jobs."""
+        return self._jobs_send is not None
+
+    def statistics(self) -> ProviderActorStatistics:
+        """Queue depth, requests in flight and outcome counters."""
+        return ProviderActorStatistics(
+            name=self.name,
+            queued=self._queued,
+            in_flight=self._in_flight,
+            max_in_flight=self.max_in_flight,
+            completed=self._completed,
+            failed=self._failed,
+            cancelled=self._cancelled,
+        )
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the actor until cancelled; `task_status.started()` once it accepts jobs.
+
+        Cancellation stops every job in flight (their callers see the stream
+        end with a `provider_unavailable` failure) and closes the client.
+        """
+        send, receive = trio.open_memory_channel[_Job](self.queue_size)
+        limiter = trio.CapacityLimiter(self.max_in_flight)
+        async with (
+            httpx.AsyncClient(timeout=self.timeout, limits=self.limits) as client,
+            trio.open_nursery() as nursery,
+        ):
+            provider = self.factory(client)
+            self._jobs_send = send
+            try:
+                task_status.started()
+                async with receive:
+                    async for job in receive:
+                        self._queued -= 1
+                        nursery.start_soon(self._run_job, provider, limiter, job)
+            finally:
+                self._jobs_send = None
+                nursery.cancel_scope.cancel()
+
+    async def _run_job(self, provider: Provider, limiter: trio.CapacityLimiter, job: _Job) -> None:
+        outcome = "cancelled"
+        async with job.chunks:
+            with job.cancel_scope:
+                async with limiter:
+                    self._in_flight += 1
+                    try:
+                        outcome = await self._pump(provider, job)
+                    finally:
+                        self._in_flight -= 1
+        if outcome == "completed":
+            self._completed += 1
+        elif outcome == "failed":
+            self._failed += 1
+        else:
+            self._cancelled += 1
+
+    async def _pump(self, provider: Provider, job: _Job) -> str:
+        outcome = "failed"
+        try:
+            async with aclosing(provider.stream(job.request)) as chunks:
+                async for chunk in chunks:
+                    if isinstance(chunk, FinishChunk):
+                        outcome = "failed" if chunk.reason == "error" else "completed"
+                    await job.chunks.send(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return "cancelled"
+        return outcome
+
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+        """Queue `request` and yield its chunks; ends with exactly one `FinishChunk`.
+
+        Closing the generator early (or cancelling the caller) cancels the
+        job and its HTTP stream. If the actor is not running, or stops
+        mid-stream, the stream ends with a retryable `provider_unavailable`
+        failure.
+        """
+        send_jobs = self._jobs_send
+        if send_jobs is None:
+            yield self._unavailable("is not running")
+            return
+        chunk_send, chunk_receive = trio.open_memory_channel[Chunk](self.chunk_buffer)
+        job = _Job(request=request, chunks=chunk_send)
+        self._queued += 1
+        sent = False
+        try:
+            await send_jobs.send(job)
+            sent = True
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            if not sent:
+                self._queued -= 1
+        if not sent:
+            yield self._unavailable("stopped")
+            return
+        try:
+            async with chunk_receive:
+                async for chunk in chunk_receive:
+                    yield chunk
+                    if isinstance(chunk, FinishChunk):
+                        return
+            yield self._unavailable("stopped before the request finished")
+        finally:
+            job.cancel_scope.cancel()
+
+    def _unavailable(self, what: str) -> FinishChunk:
+        return FinishChunk(
+            reason="error",
+            failure=Failure(
+                code="provider_unavailable",
+                message=f"provider actor {self.name!r} {what}",
+                retryable=True,
+            ),
+        )
