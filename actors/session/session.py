@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import attrs
+import trio
 
 from actors.messages import Message
 from actors.session.codec import event_to_json
@@ -56,6 +58,7 @@ class Session:
     clock: WallClock = system_clock_ms
     _events: list[Event] = attrs.field(factory=list, alias="events")
     _surface: list[Message] = attrs.field(factory=list, init=False)
+    _watchers: list[trio.MemorySendChannel[Event]] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._surface = derive_messages(self._events)
@@ -167,7 +170,36 @@ class Session:
             self._surface = surface
         elif event.is_surface:
             self._surface.append(derive_messages([event])[0])
+        if self._watchers:
+            self._notify(event)
         return event
+
+    def _notify(self, event: Event) -> None:
+        for watcher in list(self._watchers):
+            try:
+                watcher.send_nowait(event)
+            except trio.WouldBlock:
+                # Disconnect the slow consumer rather than block the log or drop silently.
+                self._watchers.remove(watcher)
+                watcher.close()
+
+    @asynccontextmanager
+    async def watch(self, buffer: int = 256) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
+        """Receive every event appended while the context is open, in order.
+
+        The channel holds at most `buffer` undelivered events; a watcher that
+        falls further behind is disconnected (its channel ends early, so the
+        consumer sees the end instead of a silent gap).
+        """
+        send, receive = trio.open_memory_channel[Event](buffer)
+        self._watchers.append(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            if send in self._watchers:
+                self._watchers.remove(send)
+            send.close()
 
     async def flush(self) -> None:
         """Return once every event appended so far is durable."""
