@@ -32,8 +32,9 @@ def surface_events(events: Sequence[Event]) -> list[Event]:
     removes the others.
 
     Raises:
-        ReplacementError: a replacement cites a seq that is missing, later than
-            itself, not a surface event, or no longer on the surface.
+        ReplacementError: a replacement cites no seq, a seq twice, or a seq that
+            is missing, later than itself, not a surface event, or no longer on
+            the surface.
     """
     by_seq = {event.seq: event for event in events}
     surface: list[Event] = []
@@ -46,6 +47,10 @@ def surface_events(events: Sequence[Event]) -> list[Event]:
         cited = event.source_event_seqs or ()
         if not cited:
             raise ReplacementError(f"replacement event seq {event.seq} cites no events")
+        if len(set(cited)) != len(cited):
+            raise ReplacementError(
+                f"replacement event seq {event.seq} cites a seq more than once: {list(cited)}"
+            )
         positions: list[int] = []
         for seq in cited:
             target = by_seq.get(seq)

@@ -80,11 +80,7 @@ def rebuild_request(
     if start is None:
         raise SessionError(f"the log has no step {step} in turn {turn}")
     end = next(
-        (
-            i
-            for i in range(start + 1, len(log))
-            if isinstance(log[i].data, StepEnd | StepStart)
-        ),
+        (i for i in range(start + 1, len(log)) if isinstance(log[i].data, StepEnd | StepStart)),
         len(log),
     )
     if not _request_was_sent(log, start, end, turn):

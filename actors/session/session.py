@@ -187,15 +187,16 @@ class Session:
     async def watch(self, buffer: int = 256) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
         """Receive every event appended while the context is open, in order.
 
-        The channel holds at most `buffer` undelivered events; a watcher that
+        Leaving the context closes the sending side, so a consumer iterating
+        the channel drains what was appended and then sees its end. The
+        channel holds at most `buffer` undelivered events; a watcher that
         falls further behind is disconnected (its channel ends early, so the
         consumer sees the end instead of a silent gap).
         """
         send, receive = trio.open_memory_channel[Event](buffer)
         self._watchers.append(send)
         try:
-            async with receive:
-                yield receive
+            yield receive
         finally:
             if send in self._watchers:
                 self._watchers.remove(send)

@@ -25,9 +25,9 @@ async def test_slow_watcher_is_disconnected_instead_of_blocking_the_log() -> Non
     assert len(session) == 5
 
 
-async def test_watching_ends_cleanly_when_the_context_closes() -> None:
+async def test_leaving_the_watch_lets_the_consumer_drain_then_end() -> None:
     session = await Session.create(MemoryStore())
     async with session.watch() as events:
-        pass
-    await session.append(TurnStart(turn=0))
-    assert events.statistics().open_send_channels == 0
+        await session.append(TurnStart(turn=0))
+    await session.append(TurnStart(turn=1))
+    assert [event.seq async for event in events] == [0]

@@ -1,0 +1,307 @@
+"""`harness demo`: one agent, five turns with tool calls, and the cache figures that matter.
+
+Against the bundled simulator (no API key needed) or, with `DEEPSEEK_API_KEY`
+set, against DeepSeek itself. Prints one row per model request (turn/step,
+whether a header was logged, prompt tokens, cache-hit tokens, hit ratio),
+then a summary: the overall hit ratio against the physical limit (only
+tokens appended since the previous request can miss) and a check that
+`rebuild_request` reproduces every request byte for byte from the stored log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from actors.agent import AgentOptions, Tool, open_agent
+from actors.context import Policies, TimeContext
+from actors.prompt import PromptSection, SystemPrompt
+from actors.providers import Chunk, GenerateRequest, Provider
+from actors.providers.actor import ProviderActor
+from actors.providers.openai_compat import OpenAICompatProvider
+from actors.providers.simulator import SimulatorEngine, serve_simulator, tokenize
+from actors.session import Event, SQLiteStore, rebuild_request
+from actors.session.events import (
+    AssistantMessage,
+    RequestHeaderLogged,
+    RequestRetry,
+    StepStart,
+    ToolResult,
+    UserMessage,
+)
+
+DEEPSEEK_BASE_URL = "https://api.deepseek.com"
+DEMO_MODEL = "deepseek-chat"
+DEFAULT_STORE = Path(".harness") / "demo.sqlite"
+
+PERSONA = (
+    "You are a careful assistant powered by {{model}}. Use the tools when a request names "
+    "them, then answer in one short paragraph."
+)
+GUIDANCE = (
+    "Tool habits: read_file returns the whole file, so read each file once; add returns the "
+    "exact sum, so never do arithmetic yourself. Quote tool results exactly when citing them. "
+) * 6
+
+TURNS = (
+    'Please read the project notes.\ncall read_file {"path": "notes.txt"}',
+    'Add the two budget figures.\ncall add {"a": 1200, "b": 345}',
+    'Read the changelog and the todo list.\ncall read_file {"path": "CHANGELOG.md"}\n'
+    'call read_file {"path": "TODO.md"}',
+    'The sandbox is now read-only. Sum the remaining items.\ncall add {"a": 7, "b": 35}',
+    'Read the notes once more and summarise.\ncall read_file {"path": "notes.txt"}',
+)
+
+FILES = {
+    "notes.txt": "The harness keeps the prompt prefix byte-stable across steps.",
+    "CHANGELOG.md": "0.1.0: registry, session log, agent loop, providers.",
+    "TODO.md": "1. supervision trees  2. context plugins  3. gateway",
+}
+
+
+async def _read_file(arguments: dict[str, Any] | str, call: object) -> str:
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("path"), str):
+        raise ValueError(f"read_file needs a string 'path', got {arguments!r}")
+    path = arguments["path"]
+    if path not in FILES:
+        raise FileNotFoundError(f"no such file: {path}; files: {', '.join(FILES)}")
+    return FILES[path]
+
+
+async def _add(arguments: dict[str, Any] | str, call: object) -> str:
+    if not isinstance(arguments, dict):
+        raise ValueError(f"add needs an object with numbers a and b, got {arguments!r}")
+    return str(arguments["a"] + arguments["b"])
+
+
+DEMO_TOOLS = (
+    Tool(
+        name="read_file",
+        description="Read a text file from the workspace and return its contents.",
+        parameters={
+            "type": "object",
+            "properties": {"path": {"type": "string", "description": "Workspace path."}},
+            "required": ["path"],
+        },
+        execute=_read_file,
+    ),
+    Tool(
+        name="add",
+        description="Add two numbers and return the exact sum.",
+        parameters={
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+            "required": ["a", "b"],
+        },
+        execute=_add,
+    ),
+)
+
+
+@attrs.define(eq=False)
+class RecordingProvider:
+    """Wraps a provider and keeps every request it was sent, in order."""
+
+    inner: Provider
+    requests: list[GenerateRequest] = attrs.field(factory=list)
+
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+        """Record `request`, then stream the inner provider's chunks."""
+        self.requests.append(request)
+        async for chunk in self.inner.stream(request):
+            yield chunk
+
+
+@attrs.frozen(kw_only=True)
+class RequestRow:
+    """One model request as the demo reports it."""
+
+    turn: int
+    step: int
+    header: str
+    prompt_tokens: int
+    cached_tokens: int
+    appended_tokens: int
+
+
+@attrs.frozen(kw_only=True)
+class DemoReport:
+    """What the demo measured."""
+
+    rows: tuple[RequestRow, ...]
+    hit_ratio: float
+    physical_limit: float
+    rebuilt: int
+    requests: int
+    store_path: str
+
+    @property
+    def rebuilt_all(self) -> bool:
+        """True when every request was reproduced byte for byte."""
+        return self.rebuilt == self.requests
+
+
+def physical_limit(rows: tuple[RequestRow, ...]) -> float:
+    """The best possible hit ratio: tokens appended since the previous request must miss.
+
+    The first request is all new. `appended_tokens` counts only the text of
+    the new messages (not their envelopes), so this is an upper bound.
+    """
+    total = sum(row.prompt_tokens for row in rows)
+    if total == 0:
+        return 0.0
+    reusable = sum(max(0, row.prompt_tokens - row.appended_tokens) for row in rows[1:])
+    return reusable / total
+
+
+def _dump(request: GenerateRequest) -> str:
+    return json.dumps(request.to_json(), separators=(",", ":"), ensure_ascii=False)
+
+
+async def _report_rows(
+    events: trio.MemoryReceiveChannel[Event], rows: list[RequestRow], out: Callable[[str], None]
+) -> None:
+    """Print a row per model request as its assistant message is logged, until the watch ends."""
+    header_reason = "-"
+    appended = 0
+    out(f"{'turn/step':>9}  {'header':<8} {'prompt':>7} {'cached':>7} {'hit':>6}")
+    async with events:
+        async for event in events:
+            data = event.data
+            if isinstance(data, StepStart):
+                header_reason = "-"
+            elif isinstance(data, RequestHeaderLogged):
+                header_reason = data.reason
+            elif isinstance(data, UserMessage | ToolResult):
+                appended += len(tokenize(data.to_message().text))
+            elif isinstance(data, AssistantMessage) and data.usage is not None:
+                usage = data.usage
+                row = RequestRow(
+                    turn=data.turn,
+                    step=data.step,
+                    header=header_reason,
+                    prompt_tokens=usage.input_tokens,
+                    cached_tokens=usage.cache_read_tokens,
+                    appended_tokens=usage.input_tokens if not rows else appended,
+                )
+                rows.append(row)
+                appended = 0
+                ratio = row.cached_tokens / row.prompt_tokens if row.prompt_tokens else 0.0
+                out(
+                    f"{row.turn:>5}/{row.step:<3}  {row.header:<8} {row.prompt_tokens:>7} "
+                    f"{row.cached_tokens:>7} {ratio:>6.1%}"
+                )
+
+
+async def run_demo(
+    *,
+    store_path: Path = DEFAULT_STORE,
+    api_key: str | None = None,
+    out: Callable[[str], None] = print,
+) -> DemoReport:
+    """Run the demo and return what it measured.
+
+    With `api_key` the agent talks to DeepSeek; without, to a simulator
+    started in-process on an ephemeral loopback port. The session is stored
+    in SQLite at `store_path` (a fresh session each run).
+
+    Cancellation: cancelling stops the agent (its live turn ends aborted)
+    and the simulator; committed events stay in the store.
+    """
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    async with trio.open_nursery() as nursery:
+        if api_key is None:
+            engine = SimulatorEngine()
+            base_url: str = await nursery.start(serve_simulator, engine)
+            key = engine.config.api_key
+            out(f"simulator listening on {base_url}")
+        else:
+            base_url, key = DEEPSEEK_BASE_URL, api_key
+            out(f"using the DeepSeek API at {base_url}")
+        recorder: list[RecordingProvider] = []
+
+        def factory(client: httpx.AsyncClient) -> Provider:
+            recorder.append(
+                RecordingProvider(OpenAICompatProvider(client, base_url=base_url, api_key=key))
+            )
+            return recorder[-1]
+
+        actor = ProviderActor(name="deepseek", factory=factory, max_in_flight=4)
+        await nursery.start(actor.serve)
+        store = SQLiteStore(store_path)
+        await nursery.start(store.serve)
+
+        prompt = SystemPrompt(persona=PERSONA)
+        prompt.section(PromptSection(name="tool:guidance", order=100, text=GUIDANCE))
+        policies = Policies()
+        policies.install(prompt)
+        rows: list[RequestRow] = []
+        options = AgentOptions(model=DEMO_MODEL, provider_name="deepseek")
+        async with open_agent(
+            system_prompt=prompt, provider=actor, options=options, store=store, tools=DEMO_TOOLS
+        ) as agent:
+            TimeContext().install(agent)
+            out(f"session {agent.session.id} stored in {store_path}")
+            async with trio.open_nursery() as printer:
+                async with agent.session.watch() as events:
+                    printer.start_soon(_report_rows, events, rows, out)
+                    for index, text in enumerate(TURNS):
+                        if index == 3:
+                            policies.set_sandbox("read-only")
+                        agent.followup(text)
+                        await agent.when_idle()
+            session_id = agent.session.id
+        await store.flush()
+        stored = await store.load(session_id)
+        nursery.cancel_scope.cancel()
+
+    sent = recorder[0].requests if recorder else []
+    log = list(stored)
+    rebuilt = 0
+    for (turn, step, attempt), request in zip(_attempts(log), sent, strict=False):
+        if _dump(rebuild_request(log, turn, step, attempt)) == _dump(request):
+            rebuilt += 1
+    frozen_rows = tuple(rows)
+    prompt_total = sum(row.prompt_tokens for row in frozen_rows)
+    cached_total = sum(row.cached_tokens for row in frozen_rows)
+    report = DemoReport(
+        rows=frozen_rows,
+        hit_ratio=cached_total / prompt_total if prompt_total else 0.0,
+        physical_limit=physical_limit(frozen_rows),
+        rebuilt=rebuilt,
+        requests=len(sent),
+        store_path=str(store_path),
+    )
+    out(
+        f"overall cache hit ratio {report.hit_ratio:.1%} "
+        f"(physical limit {report.physical_limit:.1%}: only newly appended tokens can miss)"
+    )
+    out(
+        f"rebuild_request reproduced {report.rebuilt}/{report.requests} requests byte for byte "
+        f"from the stored log: {'OK' if report.rebuilt_all else 'MISMATCH'}"
+    )
+    return report
+
+
+def _attempts(log: list[Event]) -> list[tuple[int, int, int]]:
+    """(turn, step, attempt) of every request in the log, in the order they were sent."""
+    out: list[tuple[int, int, int]] = []
+    for event in log:
+        data = event.data
+        if isinstance(data, StepStart):
+            out.append((data.turn, data.step, 0))
+        elif isinstance(data, RequestRetry):
+            out.append((data.turn, data.step, data.attempt + 1))
+    return out
+
+
+def demo_api_key() -> str | None:
+    """The DeepSeek key from the environment, if set and non-empty."""
+    return os.environ.get("DEEPSEEK_API_KEY") or None

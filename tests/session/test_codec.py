@@ -1,0 +1,110 @@
+"""The log's JSON: exact round trips, written tags, and refusal of unknown event types."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.messages import PluginSource, ReasoningBlock, TextBlock, ToolCallBlock
+from actors.session import EVENT_TYPES, SessionError, UnknownEventError
+from actors.session.codec import event_from_json, event_to_json
+from actors.session.events import Event, RequestHeaderLogged, UserMessage
+from actors.session.header import RequestHeader
+from tests.session.strategies import DATA, known_events, unknown_events
+
+
+def through_text(event: Event) -> Event:
+    """The event after the durable round trip: JSON object, compact text, and back."""
+    text = json.dumps(event_to_json(event), separators=(",", ":"))
+    return event_from_json(json.loads(text))
+
+
+def test_strategies_cover_every_event_type() -> None:
+    assert set(DATA) == set(EVENT_TYPES)
+
+
+@pytest.mark.parametrize("type_", sorted(EVENT_TYPES))
+@given(data=st.data())
+def test_every_event_type_round_trips_exactly(type_: str, data: st.DataObject) -> None:
+    event = data.draw(known_events(type_))
+    loaded = through_text(event)
+    assert loaded == event
+    assert event_to_json(loaded) == event_to_json(event)
+
+
+@given(event=unknown_events)
+def test_ignorable_unknown_event_round_trips_exactly(event: Event) -> None:
+    loaded = through_text(event)
+    assert loaded == event
+    assert event_to_json(loaded) == event_to_json(event)
+
+
+def test_unknown_event_type_is_refused_naming_type_and_seq() -> None:
+    obj = {"type": "memory/compacted", "seq": 7, "time": 0, "data": {}}
+    with pytest.raises(UnknownEventError, match=r"event seq 7 has unknown type 'memory/compacted'"):
+        event_from_json(obj)
+
+
+def test_unknown_event_type_marked_ignorable_is_kept_raw() -> None:
+    obj = {"type": "memory/compacted", "seq": 7, "time": 0, "data": {"a": [1]}, "ignorable": True}
+    event = event_from_json(obj)
+    assert event.ignorable
+    assert event_to_json(event) == obj
+
+
+def test_malformed_known_event_names_seq_and_type() -> None:
+    obj = {"type": "turn/start", "seq": 3, "time": 0, "data": {"turn": 0, "extra": 1}}
+    with pytest.raises(SessionError, match=r"event seq 3 \(turn/start\) is malformed"):
+        event_from_json(obj)
+
+
+def test_user_message_json_writes_block_and_source_tags() -> None:
+    event = Event(
+        type="user/message",
+        seq=0,
+        time=5,
+        data=UserMessage(
+            content=(
+                TextBlock(text="hi"),
+                ReasoningBlock(text="r"),
+                ToolCallBlock(id="c", name="n", arguments="{}"),
+            ),
+            source=PluginSource(plugin="runtime-context", form="snapshot", sections=("cwd",)),
+        ),
+    )
+    assert event_to_json(event) == {
+        "type": "user/message",
+        "seq": 0,
+        "time": 5,
+        "data": {
+            "content": [
+                {"type": "text", "text": "hi"},
+                {"type": "reasoning", "text": "r"},
+                {"type": "tool-call", "id": "c", "name": "n", "arguments": "{}"},
+            ],
+            "source": {
+                "kind": "plugin",
+                "plugin": "runtime-context",
+                "form": "snapshot",
+                "sections": ["cwd"],
+            },
+        },
+    }
+
+
+def test_empty_system_text_and_tools_are_written_absent() -> None:
+    event = Event(
+        type="request/header",
+        seq=0,
+        time=0,
+        data=RequestHeaderLogged(
+            header=RequestHeader(config={"model": "m"}, system=""), reason="initial"
+        ),
+    )
+    assert event_to_json(event)["data"] == {
+        "header": {"config": {"model": "m"}},
+        "reason": "initial",
+    }
