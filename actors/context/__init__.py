@@ -1,1 +1,29 @@
-"""TBD."""
+"""Context plugins: time, workspace instructions, tmux, session references and policies."""
+
+from .errors import ContextPluginError as ContextPluginError
+from .policies import APPROVAL_POLICY_CONTEXT as APPROVAL_POLICY_CONTEXT
+from .policies import APPROVAL_POLICY_ORDER as APPROVAL_POLICY_ORDER
+from .policies import APPROVAL_TEXTS as APPROVAL_TEXTS
+from .policies import SANDBOX_POLICY_CONTEXT as SANDBOX_POLICY_CONTEXT
+from .policies import SANDBOX_POLICY_ORDER as SANDBOX_POLICY_ORDER
+from .policies import SANDBOX_TEXTS as SANDBOX_TEXTS
+from .policies import ApprovalMode as ApprovalMode
+from .policies import Policies as Policies
+from .policies import SandboxMode as SandboxMode
+from .retained import SNAPSHOT_FORM as SNAPSHOT_FORM
+from .session_reference import MENTION as MENTION
+from .session_reference import RECALL_FORM as RECALL_FORM
+from .session_reference import SESSION_REFERENCE_PLUGIN as SESSION_REFERENCE_PLUGIN
+from .session_reference import SessionReferences as SessionReferences
+from .session_reference import session_mentions as session_mentions
+from .time import TIME_PLUGIN as TIME_PLUGIN
+from .time import TimeContext as TimeContext
+from .tmux import TMUX_COMMAND as TMUX_COMMAND
+from .tmux import TMUX_FORMAT as TMUX_FORMAT
+from .tmux import TMUX_PLUGIN as TMUX_PLUGIN
+from .tmux import TmuxContext as TmuxContext
+from .tmux import TmuxLocation as TmuxLocation
+from .tmux import query_tmux_location as query_tmux_location
+from .workspace import WORKSPACE_PLUGIN as WORKSPACE_PLUGIN
+from .workspace import InstructionFile as InstructionFile
+from .workspace import WorkspaceInstructions as WorkspaceInstructions
