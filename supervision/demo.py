@@ -249,14 +249,13 @@ async def run_demo(
         ) as agent:
             TimeContext().install(agent)
             out(f"session {agent.session.id} stored in {store_path}")
-            async with trio.open_nursery() as printer:
-                async with agent.session.watch() as events:
-                    printer.start_soon(_report_rows, events, rows, out)
-                    for index, text in enumerate(TURNS):
-                        if index == 3:
-                            policies.set_sandbox("read-only")
-                        agent.followup(text)
-                        await agent.when_idle()
+            async with trio.open_nursery() as printer, agent.session.watch() as events:
+                printer.start_soon(_report_rows, events, rows, out)
+                for index, text in enumerate(TURNS):
+                    if index == 3:
+                        policies.set_sandbox("read-only")
+                    agent.followup(text)
+                    await agent.when_idle()
             session_id = agent.session.id
         await store.flush()
         stored = await store.load(session_id)
