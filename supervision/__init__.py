@@ -1,1 +1,38 @@
-"""TBD."""
+"""Supervision: who owns and watches the actors (runtime, supervisors, subagents)."""
+
+from .runtime import RegistryChange as RegistryChange
+from .runtime import RegistryService as RegistryService
+from .runtime import RegistryStatistics as RegistryStatistics
+from .runtime import RegistrySubscription as RegistrySubscription
+from .runtime import Runtime as Runtime
+from .runtime import RuntimeStatistics as RuntimeStatistics
+from .runtime import ShutdownError as ShutdownError
+from .runtime import UnknownProviderError as UnknownProviderError
+from .runtime import open_runtime as open_runtime
+from .subagents import DELEGATION_CONTEXT as DELEGATION_CONTEXT
+from .subagents import DELEGATION_ORDER as DELEGATION_ORDER
+from .subagents import Delegation as Delegation
+from .subagents import ForkProvider as ForkProvider
+from .subagents import SpawnProvider as SpawnProvider
+from .subagents import SubagentError as SubagentError
+from .subagents import SubagentProvider as SubagentProvider
+from .subagents import Subagents as Subagents
+from .subagents import SubagentStatistics as SubagentStatistics
+from .subagents import open_subagents as open_subagents
+from .subagents import subagent_tool_parameters as subagent_tool_parameters
+from .supervisor import Child as Child
+from .supervisor import ChildExit as ChildExit
+from .supervisor import ChildSpec as ChildSpec
+from .supervisor import ChildStart as ChildStart
+from .supervisor import ChildStartError as ChildStartError
+from .supervisor import ChildStatistics as ChildStatistics
+from .supervisor import ChildStoppedError as ChildStoppedError
+from .supervisor import DuplicateChildError as DuplicateChildError
+from .supervisor import NotRunningError as NotRunningError
+from .supervisor import RestartIntensityError as RestartIntensityError
+from .supervisor import RestartType as RestartType
+from .supervisor import Strategy as Strategy
+from .supervisor import SupervisionError as SupervisionError
+from .supervisor import Supervisor as Supervisor
+from .supervisor import SupervisorStatistics as SupervisorStatistics
+from .supervisor import UnknownChildError as UnknownChildError
