@@ -119,8 +119,10 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
-    header = f"{'streams':>8} {'requests':>9} {'chunks':>8} {'µs/chunk':>9} {'µs/request':>11} {'wall s':>7}"
-    print(header)
+    print(
+        f"{'streams':>8} {'requests':>9} {'chunks':>8} {'µs/chunk':>9} "
+        f"{'µs/request':>11} {'wall s':>7}"
+    )
     for row in rows:
         print(
             f"{row['concurrency']:>8} {row['requests']:>9} {row['chunks']:>8} "
