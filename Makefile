@@ -25,6 +25,8 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/assembly.py
+	$(PY) benchmarks/loop_overhead.py
+	$(PY) benchmarks/provider_stream.py
 
 clean:
 	rm -rf $(VENV) .harness .pytest_cache .mypy_cache .ruff_cache
