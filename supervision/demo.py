@@ -53,8 +53,8 @@ GUIDANCE = (
 TURNS = (
     'Please read the project notes.\ncall read_file {"path": "notes.txt"}',
     'Add the two budget figures.\ncall add {"a": 1200, "b": 345}',
-    'Read the changelog and the todo list.\ncall read_file {"path": "CHANGELOG.md"}\n'
-    'call read_file {"path": "TODO.md"}',
+    'Read the changelog and the plan.\ncall read_file {"path": "CHANGELOG.md"}\n'
+    'call read_file {"path": "PLAN.md"}',
     'The sandbox is now read-only. Sum the remaining items.\ncall add {"a": 7, "b": 35}',
     'Read the notes once more and summarise.\ncall read_file {"path": "notes.txt"}',
 )
@@ -62,7 +62,7 @@ TURNS = (
 FILES = {
     "notes.txt": "The harness keeps the prompt prefix byte-stable across steps.",
     "CHANGELOG.md": "0.1.0: registry, session log, agent loop, providers.",
-    "TODO.md": "1. supervision trees  2. context plugins  3. gateway",
+    "PLAN.md": "1. supervision trees  2. context plugins  3. gateway",
 }
 
 
