@@ -141,6 +141,7 @@ class Agent:
             self._wake_receive.receive_nowait()
         if self._turn_scope is not None:
             self._loop.abort_cause = cause
+            self._loop.keep_claimed_on_abort = keep_inbox
             self._turn_scope.cancel()
         self._refresh_idle()
 

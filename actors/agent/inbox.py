@@ -17,6 +17,24 @@ class InboxStatistics:
     next_step: int
 
 
+@attrs.frozen(kw_only=True)
+class Claim:
+    """What one proposed step took from the inbox.
+
+    `turn_message` is the next-turn message a first step takes (if any);
+    `step_messages` the next-step messages, in order.
+    """
+
+    turn_message: Message | None
+    step_messages: tuple[Message, ...]
+
+    @property
+    def messages(self) -> list[Message]:
+        """Every claimed message, in the order the step sees them."""
+        head = [self.turn_message] if self.turn_message is not None else []
+        return [*head, *self.step_messages]
+
+
 @attrs.define(eq=False)
 class Inbox:
     """Two FIFO queues: next-turn input (`followup`) and next-step input (`steer`, `inject`).
@@ -45,14 +63,18 @@ class Inbox:
         """True when the live turn has input for another step."""
         return bool(self._next_step)
 
-    def claim(self, *, first_step: bool) -> list[Message]:
-        """Remove and return what the proposed step takes, in order."""
-        claimed: list[Message] = []
-        if first_step and self._next_turn:
-            claimed.append(self._next_turn.popleft())
-        claimed.extend(self._next_step)
+    def claim(self, *, first_step: bool) -> Claim:
+        """Remove and return what the proposed step takes."""
+        turn_message = self._next_turn.popleft() if first_step and self._next_turn else None
+        step_messages = tuple(self._next_step)
         self._next_step.clear()
-        return claimed
+        return Claim(turn_message=turn_message, step_messages=step_messages)
+
+    def put_back(self, claim: Claim) -> None:
+        """Return a claim whose step never opened, ahead of everything parked."""
+        if claim.turn_message is not None:
+            self._next_turn.appendleft(claim.turn_message)
+        self._next_step.extendleft(reversed(claim.step_messages))
 
     def clear(self) -> None:
         """Drop every parked message."""

@@ -27,7 +27,7 @@ from actors.agent.decisions import (
     StepDecision,
     StepProposal,
 )
-from actors.agent.inbox import Inbox
+from actors.agent.inbox import Claim, Inbox
 from actors.agent.options import AgentOptions
 from actors.agent.projection import RuntimeContextProjection
 from actors.agent.stream import StreamAccumulator
@@ -122,6 +122,7 @@ class AgentLoop:
     pre_step: list[PreStepListener] = attrs.field(factory=list)
     request_error: list[RequestErrorListener] = attrs.field(factory=list)
     abort_cause: AbortCause = "disposed"
+    keep_claimed_on_abort: bool = False
     _projection: RuntimeContextProjection = attrs.field(factory=RuntimeContextProjection)
     _config: dict[str, Any] = attrs.field(factory=dict, init=False)
     _last_header: RequestHeader | None = attrs.field(default=None, init=False)
@@ -130,6 +131,7 @@ class AgentLoop:
     _steps: int = attrs.field(default=0, init=False)
     _requests: int = attrs.field(default=0, init=False)
     _retries: int = attrs.field(default=0, init=False)
+    _unentered: Claim | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._config = self.options.request_config()
@@ -154,12 +156,17 @@ class AgentLoop:
         """Run one turn to its `turn/end` and return why it ended.
 
         Cancellation (of the caller's scope) ends the turn `aborted` with
-        `abort_cause`; `on_parked` is called so the owner can park the inbox.
+        `abort_cause`. Input claimed by a step that never opened is not lost:
+        after an error, or an abort with `keep_claimed_on_abort`, it goes back
+        to the front of the inbox. `on_parked` is called whenever the inbox
+        should wait for a new wake before another turn (after a cancellation,
+        or after input was put back, so a failing turn does not repeat).
         Raises only when the log itself cannot be written (`SessionError`).
         """
         turn = self.session.next_turn()
         self._turns += 1
         self.abort_cause = "disposed"
+        self.keep_claimed_on_abort = False
         await self.session.append(TurnStart(turn=turn))
         reason: TurnEndReason | None = None
         log_broken = False
@@ -180,6 +187,13 @@ class AgentLoop:
                 # exception group from a nursery below): the turn was aborted.
                 reason = TurnEndReason.aborted(self.abort_cause)
                 on_parked()
+            if self._unentered is not None and reason is not None:
+                if reason.kind == "error" or (
+                    reason.kind == "aborted" and self.keep_claimed_on_abort
+                ):
+                    self.inbox.put_back(self._unentered)
+                    on_parked()
+                self._unentered = None
             if reason is not None:
                 await self._append_shielded(TurnEnd(turn=turn, reason=reason))
         return reason
@@ -187,8 +201,11 @@ class AgentLoop:
     async def _turn_body(self, turn: int) -> TurnEndReason:
         step = 0
         while True:
-            claimed = self.inbox.claim(first_step=step == 0)
-            assembly, decision = await self._propose(turn, step, claimed)
+            claim = self.inbox.claim(first_step=step == 0)
+            self._unentered = claim
+            assembly, decision = await self._propose(turn, step, claim.messages)
+            # From here on the listeners have decided what happens to the claim.
+            self._unentered = None
             if isinstance(decision, Reject):
                 return TurnEndReason(kind="blocked")
             if step == 0 and not decision.messages:

@@ -6,7 +6,14 @@ import trio
 
 from actors.agent import Enter, StepProposal, open_agent
 from actors.agent.decisions import PreStepNext, StepDecision
-from actors.prompt import AssembleContext, PromptAssembly, PromptSection, SystemPrompt
+from actors.prompt import (
+    AssembleContext,
+    PromptAssembly,
+    PromptSection,
+    SystemPrompt,
+    ToolProviderResult,
+    ToolSchema,
+)
 from actors.providers import Reply, ScriptedProvider
 from tests.agent.helpers import data_of, turn_end_kinds, types
 
@@ -140,3 +147,47 @@ async def test_session_json_stays_readable_after_the_agent_exits() -> None:
     dumped = agent.session.to_json()
     assert [e["seq"] for e in dumped] == list(range(len(dumped)))
     assert dumped[-1]["data"]["reason"] == {"kind": "completed"}
+
+
+async def test_input_of_a_turn_that_failed_before_its_step_waits_for_the_next_wake() -> None:
+    prompt = SystemPrompt(tool_order=["ghost", "<unlisted-tools>"])
+    provider = ScriptedProvider([Reply.text("first answer"), Reply.text("second answer")])
+    async with open_agent(system_prompt=prompt, provider=provider) as agent:
+        agent.followup("keep me")
+        await agent.when_idle()
+        assert turn_end_kinds(agent.session) == ["error"]
+        assert agent.inbox.statistics().next_turn == 1
+        prompt.tools(
+            lambda ctx: ToolProviderResult(
+                schemas=[ToolSchema(name="ghost", description="d", parameters={})]
+            )
+        )
+        agent.followup("and me")
+        await agent.when_idle()
+    entered = [d.content[0].text for d in data_of(agent.session, "user/message")]
+    assert entered == ["keep me", "and me"]
+    assert turn_end_kinds(agent.session) == ["error", "completed", "completed"]
+
+
+async def test_cancel_keep_inbox_while_assembly_blocks_returns_the_claimed_input() -> None:
+    gate = trio.Event()
+
+    async def slow_listener(
+        assembly: PromptAssembly, ctx: AssembleContext, next: object
+    ) -> PromptAssembly:
+        await gate.wait()
+        return assembly
+
+    prompt = SystemPrompt()
+    registration = prompt.on_assemble(slow_listener)  # type: ignore[arg-type]
+    provider = ScriptedProvider([Reply.text("answer")])
+    async with open_agent(system_prompt=prompt, provider=provider) as agent:
+        agent.followup("keep me")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.cancel(keep_inbox=True)
+        await agent.when_idle()
+        assert agent.inbox.statistics().next_turn == 1
+        registration.dispose()
+        agent.steer("wake up")
+        await agent.when_idle()
+    assert [m.text for m in provider.requests[0].messages] == ["keep me", "wake up"]
