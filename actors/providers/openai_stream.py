@@ -1,0 +1,291 @@
+"""Chat-completions stream parsing: SSE bytes in, chunks and one finish out.
+
+`StreamParser` is pure (no I/O, no clock): it decodes the event stream,
+turns each event's deltas into text, reasoning and tool-call chunks
+(announcing each tool call's id and name once), reads the usage and maps the
+finish reason, and records the first failure (a malformed event, an error
+event, an oversized event, too many tool calls) as the finish to end with.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from actors.providers.chunks import (
+    Chunk,
+    Failure,
+    FinishChunk,
+    FinishReason,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+    UsageChunk,
+)
+from actors.providers.failures import error_finish, error_message, excerpt
+from actors.providers.sse import DEFAULT_MAX_EVENT_BYTES, SSEDecoder, SSEError
+
+_MAX_TOOL_CALLS = 256
+
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "completed",
+    "length": "max-tokens",
+    "tool_calls": "tool-calls",
+    "function_call": "tool-calls",
+}
+
+
+def parse_usage(usage: Mapping[str, Any]) -> Usage:
+    """Map a chat-completions `usage` object to `Usage`.
+
+    `cache_read_tokens` comes from DeepSeek's `prompt_cache_hit_tokens`, else
+    OpenAI's `prompt_tokens_details.cached_tokens`; `reasoning_tokens` from
+    `completion_tokens_details.reasoning_tokens` when reported. Missing or
+    non-integer counts read as 0 (None for reasoning).
+    """
+    prompt_details = usage.get("prompt_tokens_details")
+    completion_details = usage.get("completion_tokens_details")
+    cache = _count(usage.get("prompt_cache_hit_tokens"))
+    if cache is None and isinstance(prompt_details, Mapping):
+        cache = _count(prompt_details.get("cached_tokens"))
+    reasoning = None
+    if isinstance(completion_details, Mapping):
+        reasoning = _count(completion_details.get("reasoning_tokens"))
+    return Usage(
+        input_tokens=_count(usage.get("prompt_tokens")) or 0,
+        output_tokens=_count(usage.get("completion_tokens")) or 0,
+        cache_read_tokens=cache or 0,
+        reasoning_tokens=reasoning,
+    )
+
+
+class _Malformed(Exception):
+    """An event broke the wire format; the message says how."""
+
+
+class _TooManyToolCalls(Exception):
+    """A stream opened more tool-call indexes than the adapter tracks."""
+
+
+@attrs.define(eq=False)
+class _ToolCallState:
+    id_sent: bool = False
+    name_sent: bool = False
+
+
+@attrs.define(eq=False)
+class StreamParser:
+    """Turns the bytes of one chat-completions event stream into chunks.
+
+    Feed it the body as it arrives; once `outcome` is set the stream is over
+    and `final_chunks()` gives what ends it. Nothing is raised: every problem
+    with the stream becomes the error finish in `outcome`.
+
+    Args:
+        max_event_bytes: The largest single SSE event accepted; a larger one
+            ends the stream with an `event_too_large` failure.
+
+    Attributes:
+        outcome: The finish chunk to end with, once the stream is over.
+        done: Whether the stream ended with `data: [DONE]` (so the rest of the
+            body can be drained and the connection reused).
+    """
+
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    outcome: FinishChunk | None = attrs.field(default=None, init=False)
+    done: bool = attrs.field(default=False, init=False)
+    _usage: Usage | None = attrs.field(default=None, init=False)
+    _finish_reason: str | None = attrs.field(default=None, init=False)
+    _calls: dict[int, _ToolCallState] = attrs.field(factory=dict, init=False)
+    _decoder: SSEDecoder = attrs.field(init=False)
+
+    @_decoder.default
+    def _new_decoder(self) -> SSEDecoder:
+        return SSEDecoder(max_event_bytes=self.max_event_bytes)
+
+    def feed(self, data: bytes) -> list[Chunk]:
+        """The chunks carried by the next bytes of the body.
+
+        Events after the one that ends the stream are ignored.
+        """
+        try:
+            events = self._decoder.feed(data)
+        except SSEError as exc:
+            self.fail(Failure(code="event_too_large", message=str(exc)))
+            return []
+        chunks: list[Chunk] = []
+        for event in events:
+            chunks += self._handle(event.data)
+            if self.outcome is not None:
+                break
+        return chunks
+
+    def fail(self, failure: Failure) -> None:
+        """End the stream with `failure` (for failures found outside the body)."""
+        self.outcome = error_finish(failure)
+
+    def final_chunks(self) -> list[Chunk]:
+        """What ends the stream: the usage, when reported, then `outcome`."""
+        assert self.outcome is not None, "final_chunks() before the stream ended"
+        if self._usage is None:
+            return [self.outcome]
+        return [UsageChunk(usage=self._usage), self.outcome]
+
+    def _handle(self, data: str) -> list[Chunk]:
+        stripped = data.strip()
+        if not stripped or stripped.startswith(":"):
+            return []  # a data-only keep-alive ("data: : keep-alive")
+        if stripped == "[DONE]":
+            self.done = True
+            self.outcome = self._finish()
+            return []
+        try:
+            return self._event(data)
+        except _Malformed as exc:
+            self.fail(
+                Failure(
+                    code="malformed_event",
+                    message=f"malformed stream event ({exc}): {excerpt(data)!r}",
+                )
+            )
+            return []
+        except _TooManyToolCalls as exc:
+            self.fail(Failure(code="too_many_tool_calls", message=str(exc)))
+            return []
+
+    def _event(self, data: str) -> list[Chunk]:
+        try:
+            obj = json.loads(data)
+        except ValueError as exc:
+            raise _Malformed(f"not JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise _Malformed("not a JSON object")
+        if obj.get("error") is not None:
+            message = error_message(data.encode())
+            self.fail(
+                Failure(code="stream_error", message=f"error event: {message}", retryable=True)
+            )
+            return []
+        usage = obj.get("usage")
+        if usage is not None:
+            if not isinstance(usage, dict):
+                raise _Malformed("usage is not an object")
+            self._usage = parse_usage(usage)
+        chunks: list[Chunk] = []
+        for choice in _optional_list(obj, "choices"):
+            if not isinstance(choice, dict):
+                raise _Malformed("a choice is not an object")
+            if choice.get("index", 0) != 0:
+                continue
+            self._choice(choice, chunks)
+        return chunks
+
+    def _choice(self, choice: dict[str, Any], chunks: list[Chunk]) -> None:
+        delta = _optional_object(choice, "delta", "delta")
+        reasoning = _optional_str(delta, "reasoning_content")
+        if reasoning:
+            chunks.append(ReasoningDelta(text=reasoning))
+        content = _optional_str(delta, "content")
+        if content:
+            chunks.append(TextDelta(text=content))
+        for position, call in enumerate(_optional_list(delta, "tool_calls")):
+            delta_chunk = self._tool_call(position, call)
+            if delta_chunk is not None:
+                chunks.append(delta_chunk)
+        reason = _optional_str(choice, "finish_reason")
+        if reason is not None:
+            self._finish_reason = reason
+
+    def _tool_call(self, position: int, call: object) -> ToolCallDelta | None:
+        if not isinstance(call, dict):
+            raise _Malformed("a tool call is not an object")
+        index = _count(call.get("index", position))
+        if index is None:
+            raise _Malformed("a tool call index is not a non-negative integer")
+        function = _optional_object(call, "function", "a tool call's function")
+        call_id = _optional_str(call, "id")
+        name = _optional_str(function, "name")
+        arguments = _optional_str(function, "arguments") or ""
+        state = self._calls.get(index)
+        if state is None:
+            if len(self._calls) >= _MAX_TOOL_CALLS:
+                raise _TooManyToolCalls(
+                    f"the stream opened more than {_MAX_TOOL_CALLS} tool calls (index {index})"
+                )
+            state = self._calls[index] = _ToolCallState()
+        # Servers that repeat id and name on every fragment (llama.cpp) must
+        # not make the loop join "echoecho": each is announced once.
+        new_id = call_id if call_id and not state.id_sent else None
+        new_name = name if name and not state.name_sent else None
+        state.id_sent = state.id_sent or new_id is not None
+        state.name_sent = state.name_sent or new_name is not None
+        if new_id is None and new_name is None and not arguments:
+            return None
+        return ToolCallDelta(index=index, id=new_id, name=new_name, arguments=arguments)
+
+    def _finish(self) -> FinishChunk:
+        reason = self._finish_reason
+        if reason is None or (reason == "stop" and self._calls):
+            # No finish_reason, or "stop" after tool calls (older llama.cpp):
+            # what was streamed says how the step ends.
+            return FinishChunk(reason="tool-calls" if self._calls else "completed")
+        mapped = _FINISH_REASONS.get(reason)
+        if mapped is not None:
+            return FinishChunk(reason=mapped)
+        if reason == "insufficient_system_resource":
+            return error_finish(
+                Failure(
+                    code="insufficient_system_resource",
+                    message="the server stopped generating: insufficient system resource",
+                    retryable=True,
+                )
+            )
+        if reason == "content_filter":
+            return error_finish(
+                Failure(code="content_filter", message="the server's content filter stopped it")
+            )
+        return error_finish(
+            Failure(
+                code="unknown_finish_reason",
+                message=f"unknown finish_reason {reason!r}; known: "
+                + ", ".join(sorted([*_FINISH_REASONS, "insufficient_system_resource"])),
+            )
+        )
+
+
+def _count(value: object) -> int | None:
+    """`value` if it is a non-negative integer (not a bool), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _optional_str(obj: Mapping[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise _Malformed(f"{key} is not a string")
+
+
+def _optional_list(obj: Mapping[str, Any], key: str) -> list[Any]:
+    """`obj[key]` when it is a list, `[]` when it is missing or null."""
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _Malformed(f"{key} is not a list")
+    return value
+
+
+def _optional_object(obj: Mapping[str, Any], key: str, what: str) -> dict[str, Any]:
+    """`obj[key]` when it is an object, `{}` when it is missing or null."""
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _Malformed(f"{what} is not an object")
+    return value
