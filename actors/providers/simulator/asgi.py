@@ -21,11 +21,8 @@ from typing import Any, TypeAlias
 
 import trio
 
-from actors.providers.simulator.engine import (
-    ConnectionReset,
-    SimRequest,
-    SimulatorEngine,
-)
+from actors.providers.simulator.engine import SimulatorEngine
+from actors.providers.simulator.exchange import ConnectionReset, SimRequest
 
 ASGIMessage: TypeAlias = Mapping[str, Any]
 Receive: TypeAlias = Callable[[], Awaitable[ASGIMessage]]

@@ -75,6 +75,24 @@ class SimToolCall:
     id: str | None = None
 
 
+def tool_call_json(call: SimToolCall, arguments: str | None = None) -> dict[str, Any]:
+    """The chat-completions JSON of `call`: `{"id", "type", "function": {"name", "arguments"}}`.
+
+    Args:
+        call: The tool call.
+        arguments: The argument text to send (a streamed fragment); None
+            sends all of `call.arguments`.
+    """
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {
+            "name": call.name,
+            "arguments": call.arguments if arguments is None else arguments,
+        },
+    }
+
+
 def _calls(value: Iterable[SimToolCall]) -> tuple[SimToolCall, ...]:
     return tuple(value)
 

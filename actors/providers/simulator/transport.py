@@ -12,12 +12,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from actors.providers.simulator.engine import (
-    ConnectionReset,
-    SimRequest,
-    SimStream,
-    SimulatorEngine,
-)
+from actors.providers.simulator.engine import SimulatorEngine
+from actors.providers.simulator.exchange import ConnectionReset, SimRequest, SimStream
 
 
 def simulator_transport(engine: SimulatorEngine) -> httpx.MockTransport:

@@ -1,0 +1,237 @@
+"""Chat-request validation, the way DeepSeek checks a chat-completions body.
+
+`parse_chat` checks the model, `stream`, the message shapes, that tool calls
+and tool results pair up, the reasoning-content rule of the model's profile,
+the tools, `max_tokens` and `thinking`, and returns what the engine needs to
+answer. Anything wrong raises `Rejection` with DeepSeek's status and wording.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from actors.providers.simulator.config import Profile, SimulatorConfig
+
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+class Rejection(Exception):
+    """A chat request fails validation.
+
+    Attributes:
+        status: The HTTP status to answer with (400 or 422).
+        message: The error message, naming the offending field.
+        param: The offending request parameter, if any.
+    """
+
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+@attrs.frozen(kw_only=True)
+class Chat:
+    """A validated chat request.
+
+    Attributes:
+        model: The requested model.
+        profile: The model's reasoning-content rule.
+        messages: The messages, as sent.
+        tools: The tools, as sent, if any.
+        max_tokens: The cap on reply text tokens, if any.
+        thinking: Whether the reply reasons first (always for `r1`).
+        cache_key: What separates prefix-cache entries: model, thinking, user.
+    """
+
+    model: str
+    profile: Profile
+    messages: list[dict[str, Any]]
+    tools: list[Any] | None
+    max_tokens: int | None
+    thinking: bool
+    cache_key: str
+
+
+def parse_chat(body: object, config: SimulatorConfig) -> Chat:
+    """Validate a parsed chat-completions body.
+
+    Args:
+        body: The request body, parsed from JSON.
+        config: Supplies the known models' profiles and the default profile.
+
+    Raises:
+        Rejection: the body breaks one of DeepSeek's rules; the first
+            broken rule is reported.
+    """
+    if not isinstance(body, dict):
+        raise Rejection(422, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise Rejection(422, "model must be a string", param="model")
+    profile = config.profiles.get(model, config.default_profile)
+    if profile is None:
+        known = ", ".join(sorted(config.profiles))
+        raise Rejection(400, f"Model Not Exist: {model!r}; models: {known}", param="model")
+    if body.get("stream") is not True:
+        raise Rejection(400, "the simulator only streams: set stream to true", param="stream")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise Rejection(422, "messages must be a non-empty list", param="messages")
+    for index, message in enumerate(messages):
+        _check_message(index, message)
+    _check_tool_pairing(messages)
+    _check_reasoning(messages, profile)
+    tools = body.get("tools")
+    if tools is not None:
+        _check_tools(tools)
+    max_tokens = body.get("max_tokens")
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise Rejection(422, "max_tokens must be a positive integer", param="max_tokens")
+    thinking_value = body.get("thinking")
+    if thinking_value is not None and not (
+        isinstance(thinking_value, dict) and thinking_value.get("type") in ("enabled", "disabled")
+    ):
+        raise Rejection(
+            422,
+            'thinking must be {"type": "enabled"} or {"type": "disabled"}',
+            param="thinking",
+        )
+    thinking = profile == "r1" or (
+        isinstance(thinking_value, dict) and thinking_value.get("type") == "enabled"
+    )
+    user = body.get("user")
+    return Chat(
+        model=model,
+        profile=profile,
+        messages=messages,
+        tools=tools,
+        max_tokens=max_tokens,
+        thinking=thinking,
+        cache_key=json.dumps([model, thinking, user if isinstance(user, str) else None]),
+    )
+
+
+def _check_message(index: int, message: object) -> None:
+    where = f"messages[{index}]"
+
+    def invalid(problem: str) -> Rejection:
+        return Rejection(422, f"{where}{problem}", param=where)
+
+    if not isinstance(message, dict):
+        raise invalid(" must be an object")
+    role = message.get("role")
+    if role not in _ROLES:
+        raise invalid(f".role must be one of {', '.join(_ROLES)}")
+    content = message.get("content")
+    if not (content is None or isinstance(content, str) or _text_parts(content)):
+        raise invalid(".content must be a string, null or a list of text parts")
+    reasoning = message.get("reasoning_content")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise invalid(".reasoning_content must be a string")
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise invalid(".tool_call_id must be a string")
+    calls = message.get("tool_calls")
+    if calls is None:
+        return
+    if role != "assistant" or not isinstance(calls, list):
+        raise invalid(".tool_calls must be a list on an assistant")
+    for number, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (
+            isinstance(call, dict)
+            and isinstance(call.get("id"), str)
+            and call.get("type") == "function"
+            and isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and isinstance(function.get("arguments"), str)
+        ):
+            raise invalid(
+                f".tool_calls[{number}] must be "
+                '{"id", "type": "function", "function": {"name", "arguments"}} with strings'
+            )
+
+
+def _text_parts(content: object) -> bool:
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        for part in content
+    )
+
+
+def _check_tool_pairing(messages: Sequence[dict[str, Any]]) -> None:
+    pending: set[str] = set()
+    for index, message in enumerate(messages):
+        role = message["role"]
+        if role == "tool":
+            answered = message["tool_call_id"]
+            if answered not in pending:
+                raise Rejection(
+                    400,
+                    f"Messages with role 'tool' must be a response to a preceding message with "
+                    f"'tool_calls' (messages[{index}] answers unknown call {answered!r})",
+                    param=f"messages[{index}]",
+                )
+            pending.discard(answered)
+            continue
+        if pending:
+            raise _unanswered(pending, f"before messages[{index}]", param=f"messages[{index}]")
+        pending = {call["id"] for call in message.get("tool_calls") or ()}
+    if pending:
+        raise _unanswered(pending, "at the end", param="messages")
+
+
+def _unanswered(pending: set[str], where: str, *, param: str) -> Rejection:
+    return Rejection(
+        400,
+        "An assistant message with 'tool_calls' must be followed by tool messages "
+        "responding to each 'tool_call_id'. (insufficient tool messages following "
+        f"tool_calls message; missing {', '.join(sorted(pending))} {where})",
+        param=param,
+    )
+
+
+def _check_reasoning(messages: Sequence[dict[str, Any]], profile: Profile) -> None:
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        has_reasoning = message.get("reasoning_content") is not None
+        if profile == "v4" and message.get("tool_calls") and not has_reasoning:
+            raise Rejection(
+                400,
+                f"Missing `reasoning_content` field in the assistant message at message index "
+                f"{index}: an assistant message with tool_calls must carry its reasoning_content",
+                param=f"messages[{index}].reasoning_content",
+            )
+        if profile == "r1" and has_reasoning:
+            raise Rejection(
+                400,
+                f"`reasoning_content` is not allowed in input messages for this model "
+                f"(messages[{index}])",
+                param=f"messages[{index}].reasoning_content",
+            )
+
+
+def _check_tools(tools: object) -> None:
+    if not isinstance(tools, list):
+        raise Rejection(422, "tools must be a list", param="tools")
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not (
+            isinstance(tool, dict)
+            and tool.get("type") == "function"
+            and isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+        ):
+            raise Rejection(
+                422,
+                f'tools[{index}] must be {{"type": "function", "function": {{"name", ...}}}}',
+                param=f"tools[{index}]",
+            )
