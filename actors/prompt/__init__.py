@@ -1,19 +1,20 @@
-"""The prompt registry: scoped registrations, per-step assembly, strict rendering."""
+"""The prompt registry: scoped registrations, per-step assembly, rendering, change fan-out."""
 
 from .errors import PromptError as PromptError
+from .errors import RegistryNotRunningError as RegistryNotRunningError
+from .errors import RegistryServiceError as RegistryServiceError
+from .registrations import PromptStatistics as PromptStatistics
 from .registry import HARNESS_IDENTITY_TEXT as HARNESS_IDENTITY_TEXT
-from .registry import AssembleListener as AssembleListener
-from .registry import ChangeCallback as ChangeCallback
-from .registry import NextListener as NextListener
-from .registry import PromptStatistics as PromptStatistics
 from .registry import SystemPrompt as SystemPrompt
-from .registry import ToolProvider as ToolProvider
-from .registry import VariableProvider as VariableProvider
 from .render import RUNTIME_CONTEXT_PREAMBLE as RUNTIME_CONTEXT_PREAMBLE
 from .render import join_context_sections as join_context_sections
 from .render import render_context_sections as render_context_sections
 from .render import render_context_snapshot as render_context_snapshot
 from .render import render_prompt as render_prompt
+from .service import RegistryChange as RegistryChange
+from .service import RegistryService as RegistryService
+from .service import RegistryStatistics as RegistryStatistics
+from .service import RegistrySubscription as RegistrySubscription
 from .types import HARNESS_IDENTITY_ORDER as HARNESS_IDENTITY_ORDER
 from .types import HARNESS_IDENTITY_SECTION as HARNESS_IDENTITY_SECTION
 from .types import PERSONA_ORDER as PERSONA_ORDER
@@ -22,10 +23,15 @@ from .types import TOOL_ORDER_REST as TOOL_ORDER_REST
 from .types import AssembleContext as AssembleContext
 from .types import AssembledContext as AssembledContext
 from .types import AssembledSection as AssembledSection
+from .types import AssembleListener as AssembleListener
+from .types import ChangeCallback as ChangeCallback
+from .types import NextListener as NextListener
 from .types import PromptAssembly as PromptAssembly
 from .types import PromptContext as PromptContext
 from .types import PromptProtection as PromptProtection
 from .types import PromptSection as PromptSection
 from .types import TextProvider as TextProvider
+from .types import ToolProvider as ToolProvider
 from .types import ToolProviderResult as ToolProviderResult
 from .types import ToolSchema as ToolSchema
+from .types import VariableProvider as VariableProvider

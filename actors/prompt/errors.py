@@ -1,4 +1,4 @@
-"""The prompt registry's error type."""
+"""The prompt registry's error types."""
 
 
 class PromptError(ValueError):
@@ -6,3 +6,11 @@ class PromptError(ValueError):
 
     The message always names the offending section, context, variable or tool.
     """
+
+
+class RegistryServiceError(PromptError):
+    """The registry service was used in a state that does not allow it (already running)."""
+
+
+class RegistryNotRunningError(RegistryServiceError):
+    """The registry service was asked for a subscription while it does not run."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import attrs
@@ -151,3 +151,17 @@ class PromptAssembly:
     contexts: list[AssembledContext] = attrs.field(factory=list)
     tools: list[ToolSchema] = attrs.field(factory=list)
     variables: dict[str, str | None] = attrs.field(factory=dict)
+
+
+VariableProvider: TypeAlias = Callable[[AssembleContext], str | None]
+"""Returns a variable's value for one assembly; None means "registered, no value"."""
+ToolProvider: TypeAlias = Callable[[AssembleContext], ToolProviderResult]
+"""Returns the tools visible to one assembly (and, optionally, every name it knows)."""
+NextListener: TypeAlias = Callable[[], Awaitable[PromptAssembly]]
+"""Runs the rest of the waterfall on the current assembly and returns its result."""
+AssembleListener: TypeAlias = Callable[
+    [PromptAssembly, AssembleContext, NextListener], Awaitable[PromptAssembly]
+]
+"""A waterfall listener: may edit the assembly, replace it, or not call `next` at all."""
+ChangeCallback: TypeAlias = Callable[[], None]
+"""Called synchronously after every registration or disposal."""

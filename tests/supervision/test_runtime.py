@@ -15,6 +15,7 @@ from actors.providers import Reply, ScriptedProvider, ToolCall
 from actors.session import MemoryStore, SQLiteStore
 from actors.session.events import TurnEnd, TurnEndReason
 from supervision import (
+    NotRunningError,
     RegistryChange,
     RestartIntensityError,
     ShutdownError,
@@ -106,6 +107,16 @@ async def test_registry_subscriptions_end_when_the_runtime_stops(
         prompt.section(PromptSection(name="a", order=1, text="a"))
         await trio.sleep(1)
     assert received == [RegistryChange(generation=1, changes=1), "ended"]
+
+
+async def test_registry_changes_after_the_runtime_stopped_raise_not_running_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with open_runtime(system_prompt=SystemPrompt()) as runtime:
+        pass
+    with pytest.raises(NotRunningError, match="the registry service is not running"):
+        async with runtime.registry_changes():
+            pass  # pragma: no cover
 
 
 async def test_agent_runs_the_provider_named_in_its_options(
