@@ -9,6 +9,7 @@ import attrs
 
 from actors.messages import Message
 from actors.prompt.types import PromptAssembly
+from actors.providers.chunks import Failure
 
 
 def _messages(value: Iterable[Message]) -> list[Message]:
@@ -57,4 +58,5 @@ class StepProposal:
 
 PreStepNext: TypeAlias = Callable[[], Awaitable[StepDecision]]
 PreStepListener: TypeAlias = Callable[[StepProposal, PreStepNext], Awaitable[StepDecision]]
-RequestErrorListener: TypeAlias = Callable[..., Awaitable[Retry | None]]
+RequestErrorListener: TypeAlias = Callable[[Failure, int], Awaitable[Retry | None]]
+"""`async def listener(failure, attempt) -> Retry | None`; `attempt` is the 0-based failed one."""

@@ -117,7 +117,7 @@ class AgentLoop:
     tools: ToolRegistry
     inbox: Inbox
     scope: Scope
-    agent: Any
+    agent: object
     rng: random.Random
     pre_step: list[PreStepListener] = attrs.field(factory=list)
     request_error: list[RequestErrorListener] = attrs.field(factory=list)
