@@ -98,11 +98,14 @@ class ProviderActor:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the actor until cancelled; `task_status.started()` once it accepts jobs.
 
-        Cancellation stops every job in flight (their callers see the stream
-        end with a `provider_unavailable` failure) and closes the client.
+        A job is taken from the queue only when a slot in flight is free, so
+        waiting jobs stay in the bounded queue (and count as `queued`).
+        Cancellation stops every job in flight and every queued job (their
+        callers see the stream end with a `provider_unavailable` failure) and
+        closes the client.
         """
         send, receive = trio.open_memory_channel[_Job](self.queue_size)
-        limiter = trio.CapacityLimiter(self.max_in_flight)
+        slots = trio.Semaphore(self.max_in_flight)
         async with (
             httpx.AsyncClient(timeout=self.timeout, limits=self.limits) as client,
             trio.open_nursery() as nursery,
@@ -111,24 +114,42 @@ class ProviderActor:
             self._jobs_send = send
             try:
                 task_status.started()
-                async with receive:
-                    async for job in receive:
+                while True:
+                    await slots.acquire()
+                    started = False
+                    try:
+                        job = await receive.receive()
                         self._queued -= 1
-                        nursery.start_soon(self._run_job, provider, limiter, job)
+                        nursery.start_soon(self._run_job, provider, slots, job)
+                        started = True
+                    finally:
+                        if not started:
+                            slots.release()
             finally:
                 self._jobs_send = None
+                # Jobs still queued end at once: their callers are waiting on them.
+                while True:
+                    try:
+                        job = receive.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    self._queued -= 1
+                    job.chunks.close()
+                receive.close()
                 nursery.cancel_scope.cancel()
 
-    async def _run_job(self, provider: Provider, limiter: trio.CapacityLimiter, job: _Job) -> None:
+    async def _run_job(self, provider: Provider, slots: trio.Semaphore, job: _Job) -> None:
         outcome = "cancelled"
-        async with job.chunks:
-            with job.cancel_scope:
-                async with limiter:
+        try:
+            async with job.chunks:
+                with job.cancel_scope:
                     self._in_flight += 1
                     try:
                         outcome = await self._pump(provider, job)
                     finally:
                         self._in_flight -= 1
+        finally:
+            slots.release()
         if outcome == "completed":
             self._completed += 1
         elif outcome == "failed":

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 
 import attrs
 import httpx
 import trio
 
-from actors.providers import Chunk, FinishChunk, GenerateRequest, TextDelta
+from actors.messages import Message
+from actors.providers import Chunk, Failure, FinishChunk, GenerateRequest, TextDelta
 from actors.providers.actor import ProviderActor
+from actors.providers.openai_compat import OpenAICompatProvider
+from actors.providers.simulator import Fault, SimulatorEngine, simulator_transport
+from tests.providers.simulator_helpers import API_KEY
 
 REQUEST = GenerateRequest(config={"provider": "p", "model": "m"})
 
@@ -104,3 +109,140 @@ async def test_the_actor_builds_its_adapter_over_one_client_with_explicit_limits
         nursery.cancel_scope.cancel()
     assert len(seen) == 1
     assert seen[0].is_closed
+
+
+async def test_waiting_jobs_stay_in_the_bounded_queue_and_a_full_queue_blocks_callers() -> None:
+    provider = GatedProvider()
+    actor = actor_for(provider, max_in_flight=1, queue_size=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        async with trio.open_nursery() as callers:
+            for _ in range(3):
+                callers.start_soon(collect, actor)
+            await trio.testing.wait_all_tasks_blocked()
+            # One runs, one waits in the queue, one is blocked sending into the full queue.
+            stats = actor.statistics()
+            assert (stats.in_flight, stats.queued, provider.active) == (1, 2, 1)
+            provider.release.set()
+        assert actor.statistics().queued == 0
+        nursery.cancel_scope.cancel()
+    assert provider.peak == 1
+    assert actor.statistics().completed == 3
+
+
+async def test_stopping_the_actor_ends_queued_and_running_streams_as_unavailable() -> None:
+    provider = GatedProvider()
+    actor = actor_for(provider, max_in_flight=1)
+    results: list[list[Chunk]] = []
+
+    async def caller() -> None:
+        results.append(await collect(actor))
+
+    async with trio.open_nursery() as callers, trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        callers.start_soon(caller)
+        callers.start_soon(caller)
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.statistics().queued == 1
+        nursery.cancel_scope.cancel()
+    assert len(results) == 2
+    for chunks in results:
+        finish = chunks[-1]
+        assert isinstance(finish, FinishChunk) and finish.failure is not None
+        assert finish.failure.code == "provider_unavailable"
+    assert actor.statistics().queued == 0
+
+
+async def test_a_slow_reader_blocks_its_stream_at_the_chunk_buffer() -> None:
+    produced = 0
+
+    class Chatty:
+        async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+            nonlocal produced
+            for _ in range(50):
+                produced += 1
+                yield TextDelta(text="x")
+            yield FinishChunk(reason="completed")
+
+    actor = ProviderActor(name="chatty", factory=lambda client: Chatty(), chunk_buffer=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        async with aclosing(actor.stream(REQUEST)) as stream:
+            await anext(stream)
+            await trio.testing.wait_all_tasks_blocked()
+            # Read 1, buffered 2, one more held by the blocked send.
+            assert produced == 4
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.statistics().cancelled == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_statistics_count_failed_streams() -> None:
+    class Failing:
+        async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+            await trio.lowlevel.checkpoint()
+            yield FinishChunk(reason="error", failure=Failure(code="rate_limited"))
+
+    actor = ProviderActor(name="failing", factory=lambda client: Failing())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        chunks = await collect(actor)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert isinstance(chunks[-1], FinishChunk) and chunks[-1].failure == Failure(
+        code="rate_limited"
+    )
+    stats = actor.statistics()
+    assert (stats.completed, stats.failed, stats.cancelled) == (0, 1, 0)
+
+
+async def test_the_client_gets_the_configured_timeout_and_limits() -> None:
+    seen: list[httpx.AsyncClient] = []
+
+    def factory(client: httpx.AsyncClient) -> GatedProvider:
+        seen.append(client)
+        return GatedProvider()
+
+    timeout = httpx.Timeout(7.0, connect=2.0)
+    limits = httpx.Limits(max_connections=3, max_keepalive_connections=1)
+    actor = ProviderActor(name="x", factory=factory, timeout=timeout, limits=limits)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        (client,) = seen
+        assert client.timeout == timeout
+        # httpx exposes no public view of the pool limits.
+        pool = client._transport._pool  # type: ignore[attr-defined]
+        assert (pool._max_connections, pool._max_keepalive_connections) == (3, 1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_cancelled_caller_closes_the_http_stream_through_the_mock_front_end(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = SimulatorEngine()
+    engine.faults.queue(Fault(stall_after_chunks=3))
+    async with httpx.AsyncClient(transport=simulator_transport(engine)) as mock_client:
+        # The adapter goes through the socket-free front end instead of the actor's client.
+        actor = ProviderActor(
+            name="sim",
+            factory=lambda client: OpenAICompatProvider(
+                mock_client, base_url="http://simulator.test", api_key=API_KEY
+            ),
+        )
+        request = GenerateRequest(
+            config={"provider": "sim", "model": "deepseek-chat"}, messages=[Message.user("hi")]
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(actor.serve)
+            with trio.move_on_after(5.0) as scope:
+                async with aclosing(actor.stream(request)) as stream:
+                    async for _ in stream:
+                        pass
+            assert scope.cancelled_caught
+            with trio.fail_after(1):
+                assert await engine.requests[0].wait_settled() == "disconnected"
+            await trio.testing.wait_all_tasks_blocked()
+            assert engine.statistics().streaming == 0
+            assert actor.statistics().in_flight == 0
+            assert actor.statistics().cancelled == 1
+            nursery.cancel_scope.cancel()

@@ -19,6 +19,8 @@ import attrs
 import httpx
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from actors.messages import Message, ReasoningBlock, TextBlock, ToolCallBlock
 from actors.prompt.types import ToolSchema
@@ -33,11 +35,13 @@ from actors.providers.chunks import (
 )
 from actors.providers.openai_compat import (
     R1_PROFILE,
+    V4_PROFILE,
     OpenAICompatProvider,
     StreamTimeouts,
     failure_for_status,
     parse_retry_after,
 )
+from actors.providers.openai_stream import StreamParser
 from actors.providers.request import GenerateRequest
 from actors.providers.simulator import (
     Fault,
@@ -209,6 +213,16 @@ def test_tools_are_omitted_when_empty_and_framed_as_functions() -> None:
     ]
 
 
+def test_each_tool_is_written_with_a_fixed_key_order() -> None:
+    raw = _mock_provider(SimulatorEngine()).encode_request(
+        _request(Message.user("x"), tools=(ECHO,))
+    )
+    assert (
+        b',"tools":[{"type":"function","function":{"name":"echo",'
+        b'"description":"Echo the text back.","parameters":{"type":"object",'
+    ) in raw
+
+
 def test_the_body_has_a_fixed_key_order_and_always_streams_usage() -> None:
     request = _request(
         Message.user("x"),
@@ -270,6 +284,16 @@ def test_a_bad_base_url_fails_at_construction() -> None:
 
 def test_the_provider_satisfies_the_protocol() -> None:
     assert isinstance(_mock_provider(SimulatorEngine()), Provider)
+
+
+def test_the_model_name_is_sent_verbatim_and_unknown_names_get_the_default_profile() -> None:
+    name = "vendor/Some-Model:2025 ✓"
+    provider = _mock_provider(SimulatorEngine())
+    assert (
+        json.loads(provider.encode_request(_request(Message.user("x"), model=name)))["model"]
+        == name
+    )
+    assert provider.profile_for(name) == V4_PROFILE
 
 
 # --- streaming -----------------------------------------------------------------------------
@@ -534,6 +558,16 @@ async def test_statuses_are_classified(
     assert (failure.code, failure.status, failure.retryable) == (code, status, retryable)
 
 
+async def test_statistics_count_requests_and_failures() -> None:
+    engine = SimulatorEngine()
+    engine.faults.queue(Fault(status=503))
+    provider = _mock_provider(engine)
+    await collect(provider, _request(Message.user("hi")))
+    await collect(provider, _request(Message.user("hi")))
+    stats = provider.statistics()
+    assert (stats.requests, stats.failures, stats.in_flight) == (2, 1, 0)
+
+
 async def test_402_says_the_balance_is_exhausted(frontend: Frontend) -> None:
     provider, engine = await frontend.provider()
     engine.faults.queue(Fault(status=402))
@@ -549,6 +583,7 @@ async def test_402_says_the_balance_is_exhausted(frontend: Frontend) -> None:
         (Fault(status=429, retry_after_ms=250), 250),
         (Fault(status=429, retry_after="9", retry_after_ms=250), 250),
         (Fault(status=429, retry_after="3600"), 60_000),
+        (Fault(status=429, retry_after_ms=3_600_000), 60_000),
         (Fault(status=429, retry_after="soon"), None),
         (Fault(status=503), None),
     ],
@@ -577,6 +612,21 @@ def test_retry_after_in_the_past_means_now() -> None:
     assert parse_retry_after({"retry-after": date}, now=200.0, cap_ms=60_000) == 0
 
 
+@given(
+    seconds=st.integers(0, 10**6),
+    cap_ms=st.integers(0, 10**8),
+    as_date=st.booleans(),
+    now=st.integers(10**8, 4 * 10**9),
+)
+def test_retry_after_seconds_or_date_become_milliseconds_up_to_the_cap(
+    seconds: int, cap_ms: int, as_date: bool, now: int
+) -> None:
+    value = email.utils.formatdate(now + seconds, usegmt=True) if as_date else str(seconds)
+    assert parse_retry_after({"retry-after": value}, now=now, cap_ms=cap_ms) == min(
+        cap_ms, seconds * 1000
+    )
+
+
 def test_an_error_body_that_is_not_json_is_carried_as_text() -> None:
     failure = failure_for_status(
         502, {}, b"<html>bad gateway</html>", now=0.0, retry_after_cap_ms=1000
@@ -599,6 +649,15 @@ def _raw_provider(
 
 def _choice(delta: dict[str, Any], finish_reason: str | None = None) -> str:
     return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+
+
+async def test_deepseek_prompt_cache_hit_tokens_count_as_cache_reads() -> None:
+    usage = {"prompt_tokens": 200, "completion_tokens": 7, "prompt_cache_hit_tokens": 128}
+    provider = _raw_provider(
+        [_choice({"content": "hi"}, "stop"), json.dumps({"choices": [], "usage": usage}), "[DONE]"]
+    )
+    chunks = await collect(provider, _request(Message.user("x")))
+    assert usage_of(chunks) == Usage(input_tokens=200, output_tokens=7, cache_read_tokens=128)
 
 
 async def test_openai_style_cached_tokens_count_as_cache_reads() -> None:
@@ -654,6 +713,69 @@ async def test_an_oversized_event_is_a_final_failure() -> None:
     provider = _mock_provider(engine, max_event_bytes=64)
     failure = _failure(await collect(provider, _request(Message.user("hi"))))
     assert failure.code == "event_too_large" and not failure.retryable
+
+
+def _unescaped(delta: dict[str, Any]) -> str:
+    """An event's data with non-ASCII text as UTF-8, so reads can split a character."""
+    return json.dumps({"choices": [{"index": 0, "delta": delta}]}, ensure_ascii=False)
+
+
+@st.composite
+def _event_streams(draw: st.DrawFn) -> tuple[bytes, str, dict[int, str]]:
+    """A chat-completions event stream (comments, keep-alives, usage anywhere, repeated
+    tool-call names, LF or CRLF), with the text and tool-call arguments it carries."""
+    newline = draw(st.sampled_from(["\n", "\r\n"]))
+    lines: list[str] = []
+    text = ""
+    arguments: dict[int, str] = {}
+    for _ in range(draw(st.integers(0, 12))):
+        kind = draw(st.sampled_from(["text", "call", "comment", "keep-alive", "usage"]))
+        if kind == "text":
+            piece = draw(st.text(max_size=8))
+            text += piece
+            lines.append("data: " + _unescaped({"content": piece}))
+        elif kind == "call":
+            index = draw(st.integers(0, 2))
+            piece = draw(st.text(max_size=6))
+            call: dict[str, Any] = {"index": index, "function": {"arguments": piece}}
+            if index not in arguments or draw(st.booleans()):  # llama.cpp repeats them
+                call["id"] = f"call{index}"
+                call["function"]["name"] = "echo"
+            arguments[index] = arguments.get(index, "") + piece
+            lines.append("data: " + _unescaped({"tool_calls": [call]}))
+        elif kind == "comment":
+            lines.append(draw(st.sampled_from([": keep-alive", ": ping"])))
+        elif kind == "keep-alive":
+            lines.append("data: : keep-alive")
+        else:
+            usage = {"prompt_tokens": 3, "completion_tokens": 1}
+            lines.append("data: " + json.dumps({"choices": [], "usage": usage}))
+    lines += ["data: " + _choice({}, "stop"), "data: [DONE]"]
+    return "".join(line + newline * 2 for line in lines).encode(), text, arguments
+
+
+@given(_event_streams(), st.data())
+def test_the_stream_parser_gives_the_same_chunks_for_any_split_into_reads(
+    stream: tuple[bytes, str, dict[int, str]], draw: st.DataObject
+) -> None:
+    data, text, arguments = stream
+    cuts = sorted(draw.draw(st.sets(st.integers(0, len(data)), max_size=20)))
+    pieces = [data[a:b] for a, b in itertools.pairwise([0, *cuts, len(data)])]
+
+    def parse(reads: list[bytes]) -> list[Any]:
+        parser = StreamParser()
+        chunks: list[Any] = []
+        for read in reads:
+            chunks += parser.feed(read)
+        assert parser.done
+        return chunks + parser.final_chunks()
+
+    chunks = parse(pieces)
+    assert chunks == parse([data])
+    assert text_of(chunks) == text
+    calls = calls_of(chunks)  # asserts each id and name came once
+    assert {int(call.id.removeprefix("call")): call.arguments for call in calls} == arguments
+    assert finish_of(chunks).reason == ("tool-calls" if arguments else "completed")
 
 
 # --- clocks (autojump) ---------------------------------------------------------------------
@@ -751,6 +873,27 @@ async def test_cancelling_the_consumer_closes_the_response_at_once(
     assert engine.requests[0].outcome == "disconnected"
     assert engine.statistics().streaming == 0
     assert provider.statistics().in_flight == 0
+
+
+async def test_cancelling_while_waiting_for_headers_abandons_the_request(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = SimulatorEngine()
+    engine.faults.queue(Fault(first_byte_delay=30.0))
+    provider = _mock_provider(engine)
+    with trio.move_on_after(1.0) as scope:
+        await collect(provider, _request(Message.user("hi")))
+    assert scope.cancelled_caught
+    assert engine.requests[0].outcome == "disconnected"
+    assert provider.statistics().in_flight == 0
+
+
+async def test_a_v1_base_url_posts_to_v1_chat_completions() -> None:
+    engine = SimulatorEngine()
+    client = httpx.AsyncClient(transport=simulator_transport(engine))
+    provider = OpenAICompatProvider(client, base_url="http://simulator.test/v1/", api_key=API_KEY)
+    assert finish_of(await collect(provider, _request(Message.user("hi")))).reason == "completed"
+    assert engine.requests[0].path == "/v1/chat/completions"
 
 
 async def test_closing_the_generator_early_closes_the_response(frontend: Frontend) -> None:

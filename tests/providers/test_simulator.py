@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +33,7 @@ from actors.providers.simulator.tokens import render_message, render_prompt
 from tests.providers.simulator_helpers import API_KEY, chat_body, events_of, post, read_body
 
 USER: dict[str, Any] = {"role": "user", "content": "hello there"}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _error(response_body: bytes) -> dict[str, Any]:
@@ -67,6 +74,13 @@ def test_tokenizer_round_trips_at_about_four_characters_per_token() -> None:
     assert "".join(tokens) == text
     assert tokens == tokenize(text)
     assert 2.5 < len(text) / len(tokens) < 4.5
+
+
+@given(st.text())
+def test_tokens_join_back_into_any_text(text: str) -> None:
+    tokens = tokenize(text)
+    assert "".join(tokens) == text
+    assert all(tokens)
 
 
 def test_a_prompt_and_its_reply_prefix_the_next_prompt() -> None:
@@ -230,6 +244,17 @@ async def test_unknown_models_are_refused_without_a_default_profile() -> None:
     assert "Model Not Exist" in _error(response.body)["message"]
 
 
+async def test_chat_is_served_on_both_paths() -> None:
+    engine = SimulatorEngine()
+    for path in ("/chat/completions", "/v1/chat/completions"):
+        events = await _stream_events(engine, chat_body([USER]), path=path)
+        assert events[-1] == "[DONE]" and _usage(events)["prompt_tokens"] > 0
+    assert [record.path for record in engine.requests] == [
+        "/chat/completions",
+        "/v1/chat/completions",
+    ]
+
+
 async def test_models_are_listed_on_both_paths() -> None:
     engine = SimulatorEngine()
     for path in ("/models", "/v1/models"):
@@ -352,6 +377,31 @@ async def test_the_cache_is_keyed_by_thinking() -> None:
     assert _usage(await _stream_events(engine, body))["prompt_cache_hit_tokens"] == 0
 
 
+async def test_the_cache_is_keyed_by_model_and_user() -> None:
+    engine = SimulatorEngine(SimulatorConfig(profiles={"model-a": "v4", "model-b": "v4"}))
+    await _stream_events(engine, chat_body([_long_system(), USER], model="model-a", user="u1"))
+    for model, user in [("model-b", "u1"), ("model-a", "u2"), ("model-a", None)]:
+        body = chat_body([_long_system(), USER], model=model, user=user)
+        assert _usage(await _stream_events(engine, body))["prompt_cache_hit_tokens"] == 0
+    body = chat_body([_long_system(), USER], model="model-a", user="u1")
+    assert _usage(await _stream_events(engine, body))["prompt_cache_hit_tokens"] > 0
+
+
+async def test_the_reply_is_cached_with_the_prompt_for_the_next_request() -> None:
+    engine = SimulatorEngine(SimulatorConfig(reply_tokens=300))
+    first_events = await _stream_events(engine, chat_body([_long_system(), USER]))
+    first = _usage(first_events)
+    reply = "".join(delta.get("content") or "" for delta in _deltas(first_events))
+    history = [_long_system(), USER, {"role": "assistant", "content": reply}]
+    second = _usage(
+        await _stream_events(engine, chat_body([*history, {"role": "user", "content": "more"}]))
+    )
+    replayed = len(render_prompt(None, history))
+    # The hit reaches into the replayed reply, past every block of the first prompt.
+    assert second["prompt_cache_hit_tokens"] == replayed // 64 * 64
+    assert second["prompt_cache_hit_tokens"] > first["prompt_tokens"] // 64 * 64 + 64
+
+
 async def test_the_flush_route_empties_the_cache() -> None:
     engine = SimulatorEngine()
     body = chat_body([_long_system(), USER])
@@ -368,6 +418,19 @@ async def test_cache_blocks_expire_on_the_injected_clock() -> None:
     await _stream_events(engine, body)
     now[0] = 61.0
     assert _usage(await _stream_events(engine, body))["prompt_cache_hit_tokens"] == 0
+
+
+async def test_cache_blocks_expire_on_trio_time_by_default(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = SimulatorEngine(SimulatorConfig(cache_ttl=60.0))
+    body = chat_body([_long_system(), USER])
+    await _stream_events(engine, body)
+    await trio.sleep(30.0)
+    assert _usage(await _stream_events(engine, body))["prompt_cache_hit_tokens"] > 0
+    await trio.sleep(61.0)
+    assert _usage(await _stream_events(engine, body))["prompt_cache_hit_tokens"] == 0
+    assert engine.statistics().cache.evictions > 0
 
 
 # --- faults --------------------------------------------------------------------------------
@@ -542,3 +605,32 @@ async def test_serve_simulator_reports_its_url_and_answers(nursery: trio.Nursery
         reply = await client.post("/chat/completions", json=chat_body([USER]))
         assert reply.headers["content-type"].startswith("text/event-stream")
         assert events_of(reply.content)[-1] == "[DONE]"
+
+
+async def test_the_simulator_command_serves_until_sigint() -> None:
+    code = "from actors.providers.simulator import run_simulator_cli; run_simulator_cli(0)"
+    command = [sys.executable, "-c", code]
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            process: trio.Process = await nursery.start(
+                partial(trio.run_process, command, cwd=ROOT, stdout=subprocess.PIPE, check=False)
+            )
+            assert process.stdout is not None
+            output = b""
+            while b"\n" not in output:
+                piece = await process.stdout.receive_some()
+                assert piece, output
+                output += piece
+            match = re.search(
+                r"listening on (http://127\.0\.0\.1:\d+) \(api key: (\S+)\)", output.decode()
+            )
+            assert match, output
+            url, key = match.groups()
+            async with httpx.AsyncClient(base_url=url) as client:
+                models = await client.get("/models", headers={"authorization": f"Bearer {key}"})
+            assert models.status_code == 200
+            process.send_signal(signal.SIGINT)
+            while piece := await process.stdout.receive_some():
+                output += piece
+            assert await process.wait() == 0
+    assert b"simulator stopped (SIGINT)" in output
