@@ -68,7 +68,7 @@ class Scope:
     """
 
     name: str
-    parent: Scope | None = None
+    parent: Scope | None = attrs.field(default=None, on_setattr=attrs.setters.frozen)
     _owned: dict[int, Registration] = attrs.field(factory=dict, init=False, repr=False)
     _closed: bool = attrs.field(default=False, init=False)
 
@@ -85,10 +85,6 @@ class Scope:
             out.append(node)
             node = node.parent
         return out
-
-    def is_within(self, other: Scope) -> bool:
-        """True when `other` is this scope or one of its ancestors."""
-        return any(node is other for node in self.chain())
 
     def own(self, registration: Registration) -> Registration:
         """Make this scope dispose `registration` when it closes.

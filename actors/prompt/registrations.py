@@ -26,7 +26,7 @@ from actors.prompt.entries import (
     ToolProviderEntry,
     VariableEntry,
 )
-from actors.prompt.errors import PromptError
+from actors.prompt.errors import ClosedScopeRegistrationError, PromptError
 from actors.prompt.types import (
     AssembleListener,
     ChangeCallback,
@@ -36,7 +36,7 @@ from actors.prompt.types import (
     ToolProvider,
     VariableProvider,
 )
-from actors.scope import Registration, Scope, ScopeClosedError
+from actors.scope import Registration, Scope
 
 _VARIABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # The logger `SystemPrompt.on_change` documents, wherever this code lives.
@@ -110,7 +110,7 @@ class Registrations:
         if not isinstance(section, PromptSection):
             raise PromptError(f"section() takes a PromptSection, got {type(section).__name__}")
         _check_entry(section.name, section.text, "section")
-        _check_open(scope)
+        _check_open(scope, f"section {section.name!r}")
         if section.name in self._existing(scope).sections:
             raise PromptError(f"section {section.name!r} is already registered in {_where(scope)}")
         if scope is not None and section.name in self._globally_protected_sections():
@@ -132,7 +132,7 @@ class Registrations:
         if not isinstance(context, PromptContext):
             raise PromptError(f"context() takes a PromptContext, got {type(context).__name__}")
         _check_entry(context.name, context.text, "context")
-        _check_open(scope)
+        _check_open(scope, f"context {context.name!r}")
         if context.name in self._existing(scope).contexts:
             raise PromptError(f"context {context.name!r} is already registered in {_where(scope)}")
         layer = self._layer(scope)
@@ -147,7 +147,7 @@ class Registrations:
 
     def add_suppressor(self, scope: Scope | None) -> Registration:
         """Count one runtime-context suppressor in `scope`'s layer."""
-        _check_open(scope)
+        _check_open(scope, "a runtime-context suppressor")
         layer = self._layer(scope)
         layer.suppressors += 1
 
@@ -161,7 +161,7 @@ class Registrations:
         """Append a tool provider to `scope`'s layer (see `SystemPrompt.tools`)."""
         if not callable(provider):
             raise PromptError(f"tools() takes a callable provider, got {provider!r}")
-        _check_open(scope)
+        _check_open(scope, f"tool provider {_label(provider)!r}")
         layer = self._layer(scope)
         entry = ToolProviderEntry(provider=provider, label=_label(provider))
         layer.tool_providers.append(entry)
@@ -180,7 +180,7 @@ class Registrations:
             raise PromptError(f"variable name {name!r} must match [a-z][a-z0-9_]*")
         if not callable(provider):
             raise PromptError(f"variable {name!r} needs a callable provider, got {provider!r}")
-        _check_open(scope)
+        _check_open(scope, f"variable {name!r}")
         if name in self._existing(scope).variables:
             raise PromptError(f"variable {name!r} is already registered in {_where(scope)}")
         layer = self._layer(scope)
@@ -206,7 +206,7 @@ class Registrations:
         for name in (*protection.sections, *protection.tools):
             if not isinstance(name, str):
                 raise PromptError(f"protected name {name!r} is not a str")
-        _check_open(scope)
+        _check_open(scope, f"protection of {protection.sections!r} / {protection.tools!r}")
         if scope is None:
             for shadowing_scope, shadowing_layer in self.layers.items():
                 for name in protection.sections:
@@ -229,7 +229,7 @@ class Registrations:
         """Append a waterfall listener tagged with `scope` (see `SystemPrompt.on_assemble`)."""
         if not callable(listener):
             raise PromptError(f"on_assemble() takes a callable listener, got {listener!r}")
-        _check_open(scope)
+        _check_open(scope, f"assemble listener {_label(listener)!r}")
         entry = ListenerEntry(listener=listener, label=_label(listener), scope=scope)
         self.listeners.append(entry)
 
@@ -242,7 +242,7 @@ class Registrations:
         """Append a change callback; neither this nor its disposal notifies."""
         if not callable(callback):
             raise PromptError(f"on_change() takes a callable, got {callback!r}")
-        _check_open(scope)
+        _check_open(scope, f"change callback {_label(callback)!r}")
         entry = ChangeCallbackEntry(callback=callback, label=_label(callback))
         self._change_callbacks.append(entry)
 
@@ -318,9 +318,11 @@ class Registrations:
                 _logger.exception("prompt change callback %r raised", entry.label)
 
 
-def _check_open(scope: Scope | None) -> None:
+def _check_open(scope: Scope | None, what: str) -> None:
     if scope is not None and scope.closed:
-        raise ScopeClosedError(f"scope {scope.name!r} is closed; cannot register into it")
+        raise ClosedScopeRegistrationError(
+            f"scope {scope.name!r} is closed; cannot register {what} into it"
+        )
 
 
 def _where(scope: Scope | None) -> str:

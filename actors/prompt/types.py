@@ -15,6 +15,7 @@ from actors.scope import Scope
 HARNESS_IDENTITY_SECTION = "harness:identity"
 """Name of the built-in identity section (order -100)."""
 HARNESS_IDENTITY_ORDER = -100
+"""Order of the built-in identity section."""
 PERSONA_SECTION = "deployment:persona"
 """Name of the deployment persona section."""
 PERSONA_ORDER = 0
@@ -69,13 +70,6 @@ class PromptContext:
     text: TextProvider
 
 
-def _freeze_parameters(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    frozen: Mapping[str, Any] = freeze_json(value, where="parameters")
-    if not isinstance(frozen, Mapping):
-        raise TypeError("tool parameters must be a JSON object")
-    return frozen
-
-
 @attrs.frozen(kw_only=True)
 class ToolSchema:
     """A tool as the model sees it.
@@ -83,11 +77,27 @@ class ToolSchema:
     `parameters` is snapshotted deeply and immutably at construction: nothing
     the caller mutates later reaches any assembly, and assemblies can share
     the schema without copying it.
+
+    Raises:
+        PromptError: `parameters` is not a JSON object of JSON-like values;
+            the message names the tool and the offending path.
     """
 
     name: str
     description: str
-    parameters: Mapping[str, Any] = attrs.field(converter=_freeze_parameters)
+    parameters: Mapping[str, Any]
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            frozen = freeze_json(self.parameters, where="parameters")
+        except TypeError as exc:
+            raise PromptError(f"tool {self.name!r}: {exc}") from exc
+        if not isinstance(frozen, Mapping):
+            raise PromptError(
+                f"tool {self.name!r}: parameters must be a JSON object, got {type(frozen).__name__}"
+            )
+        # A frozen class: the snapshot replaces the caller's object once, here.
+        object.__setattr__(self, "parameters", frozen)
 
 
 def _schema_tuple(value: Iterable[ToolSchema]) -> tuple[ToolSchema, ...]:

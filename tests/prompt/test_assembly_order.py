@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from actors.prompt import (
     PERSONA_SECTION,
@@ -160,6 +162,44 @@ async def test_section_registered_by_a_variable_provider_is_in_the_same_assembly
     assert section_names(await prompt.assemble()) == [PERSONA_SECTION, "late"]
 
 
+async def test_section_registered_by_a_text_provider_waits_for_the_next_assembly() -> None:
+    prompt = bare()
+
+    def registering(ctx: AssembleContext) -> str:
+        if prompt.statistics().sections == 2:
+            prompt.section(PromptSection(name="late", order=2, text="late"))
+            prompt.context(PromptContext(name="late", order=2, text="late"))
+        return "s"
+
+    prompt.section(PromptSection(name="s", order=1, text=registering))
+
+    first = await prompt.assemble()
+    second = await prompt.assemble()
+
+    assert section_names(first) == [PERSONA_SECTION, "s"]
+    assert first.contexts == []
+    assert section_names(second) == [PERSONA_SECTION, "s", "late"]
+    assert [c.name for c in second.contexts] == ["late"]
+
+
+async def test_scoped_variable_registered_by_a_global_provider_is_seen_in_the_same_assembly() -> (
+    None
+):
+    prompt = bare()
+    scope = Scope("agent")
+
+    def first(ctx: AssembleContext) -> str:
+        if prompt.statistics().variables == 1:
+            prompt.variable("cwd", lambda ctx: "/scoped", scope=scope)
+        return "g"
+
+    prompt.variable("first", first)
+
+    assembly = await prompt.assemble(AssembleContext(scope=scope))
+
+    assert assembly.variables == {"first": "g", "cwd": "/scoped"}
+
+
 async def test_every_assembly_gets_fresh_containers() -> None:
     prompt = bare()
     prompt.context(PromptContext(name="c", order=1, text="c"))
@@ -226,6 +266,52 @@ async def test_shadowing_entry_takes_the_shadowed_entry_place_in_ties() -> None:
     assembly = await prompt.assemble(AssembleContext(scope=child))
 
     assert [s.text for s in assembly.sections[1:]] == ["root a", "child b", "child new"]
+
+
+# (layer, name, order) registrations: layer 0 is global, 1..3 a three-deep chain.
+layered_entries = st.lists(
+    st.tuples(
+        st.integers(min_value=0, max_value=3),
+        st.sampled_from("abcdef"),
+        st.sampled_from([-1, 0, 0.5, 2]),
+    ),
+    max_size=14,
+).map(lambda entries: list({(layer, name): order for layer, name, order in entries}.items()))
+
+
+@given(entries=layered_entries)
+async def test_sort_is_stable_over_the_effective_map_order(
+    entries: list[tuple[tuple[int, str], float]],
+) -> None:
+    prompt = SystemPrompt(include_harness_identity=False, persona="")
+    root = Scope("root")
+    child = Scope("child", parent=root)
+    grandchild = Scope("grandchild", parent=child)
+    scopes: list[Scope | None] = [None, root, child, grandchild]
+    # Registration interleaves layers; the effective-map order must not depend on it.
+    for (layer, name), order in entries:
+        text = f"{name}@{layer}"
+        prompt.section(PromptSection(name=name, order=order, text=text), scope=scopes[layer])
+        prompt.context(PromptContext(name=name, order=order, text=text), scope=scopes[layer])
+
+    assembly = await prompt.assemble(AssembleContext(scope=grandchild))
+
+    effective: list[tuple[str, float, str]] = [(PERSONA_SECTION, 0, "")]
+    for layer in range(4):
+        for (entry_layer, name), order in entries:
+            if entry_layer != layer:
+                continue
+            item = (name, order, f"{name}@{layer}")
+            names = [existing[0] for existing in effective]
+            if name in names:
+                effective[names.index(name)] = item
+            else:
+                effective.append(item)
+    expected = [(name, text) for name, _, text in sorted(effective, key=lambda item: item[1])]
+    assert [(s.name, s.text) for s in assembly.sections] == expected
+    assert [(c.name, c.text) for c in assembly.contexts] == [
+        item for item in expected if item[0] != PERSONA_SECTION
+    ]
 
 
 async def test_more_than_one_effective_complete_section_fails() -> None:

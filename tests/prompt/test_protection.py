@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from actors.prompt import (
     AssembleContext,
     AssembledSection,
@@ -15,6 +18,7 @@ from actors.prompt import (
     ToolProviderResult,
     ToolSchema,
 )
+from actors.prompt.protection import restore_protected
 from actors.scope import Scope
 
 Edit = Callable[[PromptAssembly], None]
@@ -174,3 +178,51 @@ async def test_complete_section_wins_over_restored_protections() -> None:
     prompt.protect(PromptProtection(sections=["a"]))
 
     assert await rendered(prompt) == ["all"]
+
+
+def insert_one_by_one(
+    canonical: list[AssembledSection], kept: list[AssembledSection], protected: set[str]
+) -> list[AssembledSection]:
+    """Oracle: insert each protected entry, in canonical order, before its anchor.
+
+    The anchor is the first later unprotected canonical entry that survived (in
+    canonical order, wherever the listener moved it); an
+    entry whose anchor lies before the previously restored entry goes right
+    after that entry instead, so restored entries keep canonical order.
+    """
+    result = list(kept)
+    previous = -1
+    for index, entry in enumerate(canonical):
+        if entry.name not in protected:
+            continue
+        surviving = {e.name: e for e in reversed(kept)}
+        neighbours = [e.name for e in canonical[index + 1 :] if e.name in surviving]
+        anchor = result.index(surviving[neighbours[0]]) if neighbours else len(result)
+        at = max(anchor, previous + 1)
+        result.insert(at, entry)
+        previous = at
+    return result
+
+
+@given(data=st.data(), size=st.integers(min_value=0, max_value=8))
+def test_restored_entries_follow_the_anchor_rule(data: st.DataObject, size: int) -> None:
+    names = [f"s{i}" for i in range(size)]
+    canonical = [AssembledSection(name=name, text="canonical") for name in names]
+    protected = data.draw(st.sets(st.sampled_from([*names, "ghost"])))
+    survivors = data.draw(st.permutations(names)).copy()
+    del survivors[data.draw(st.integers(min_value=0, max_value=size)) :]
+    # The waterfall's view: survivors (rewritten), plus fabricated entries.
+    current = [AssembledSection(name=name, text="listener") for name in survivors]
+    for name in data.draw(st.lists(st.sampled_from(["ghost", "extra1", "extra2"]), unique=True)):
+        current.insert(
+            data.draw(st.integers(0, len(current))), AssembledSection(name=name, text="x")
+        )
+    kept = [entry for entry in current if entry.name not in protected]
+
+    restored = restore_protected(canonical, current, frozenset(protected))
+
+    assert restored == insert_one_by_one(canonical, kept, protected)
+    assert [e for e in restored if e.name not in protected] == kept
+    assert [e for e in restored if e.name in protected] == [
+        e for e in canonical if e.name in protected
+    ]

@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from actors.prompt import (
+    HARNESS_IDENTITY_ORDER,
     HARNESS_IDENTITY_SECTION,
     HARNESS_IDENTITY_TEXT,
     PERSONA_ORDER,
@@ -50,6 +51,24 @@ async def test_constructor_registers_identity_and_persona_sections() -> None:
     assert [(s.name, s.text) for s in assembly.sections] == [
         (HARNESS_IDENTITY_SECTION, HARNESS_IDENTITY_TEXT),
         (PERSONA_SECTION, "Be brief."),
+    ]
+
+
+async def test_identity_and_persona_sit_at_orders_minus_100_and_0() -> None:
+    prompt = SystemPrompt(persona="p")
+    for name, order in [("before", -101), ("between", -99), ("negative", -1), ("after", 1)]:
+        prompt.section(PromptSection(name=name, order=order, text=name))
+
+    names = [section.name for section in (await prompt.assemble()).sections]
+
+    assert (HARNESS_IDENTITY_ORDER, PERSONA_ORDER) == (-100, 0)
+    assert names == [
+        "before",
+        HARNESS_IDENTITY_SECTION,
+        "between",
+        "negative",
+        PERSONA_SECTION,
+        "after",
     ]
 
 
@@ -190,6 +209,17 @@ def test_change_callback_fires_on_every_registration_and_disposal() -> None:
     assert len(changes) == 14
 
 
+def test_change_callback_runs_after_the_change_took_effect() -> None:
+    prompt = bare()
+    seen: list[int] = []
+    prompt.on_change(lambda: seen.append(prompt.statistics().variables))
+
+    registration = prompt.variable("v", lambda ctx: "v")
+    registration.dispose()
+
+    assert seen == [1, 0]
+
+
 def test_repeated_dispose_notifies_nothing() -> None:
     prompt = bare()
     changes: list[int] = []
@@ -292,10 +322,32 @@ def test_invalid_variable_name_raises(name: str) -> None:
         bare().variable(name, lambda ctx: "v")
 
 
-@pytest.mark.parametrize("order", [float("nan"), float("inf"), -float("inf")])
-def test_non_finite_order_raises(order: float) -> None:
-    with pytest.raises(PromptError, match="finite"):
+@pytest.mark.parametrize("order", [float("nan"), float("inf"), -float("inf"), "1", None, True])
+def test_non_finite_or_non_numeric_order_raises(order: float) -> None:
+    with pytest.raises(PromptError, match="order of 's' must be a finite number"):
         PromptSection(name="s", order=order, text="t")
+    with pytest.raises(PromptError, match="order of 'c' must be a finite number"):
+        PromptContext(name="c", order=order, text="t")
+
+
+def test_prompt_error_is_a_value_error() -> None:
+    assert issubclass(PromptError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "detail"),
+    [
+        ({"default": object()}, "parameters.default holds object"),
+        ({"maximum": float("nan")}, "non-finite"),
+        ({1: "x"}, "non-string key 1"),
+        (["not", "an", "object"], "must be a JSON object"),
+    ],
+)
+def test_tool_schema_with_non_json_parameters_raises_naming_the_tool(
+    parameters: object, detail: str
+) -> None:
+    with pytest.raises(PromptError, match=f"tool 'bash': .*{detail}"):
+        ToolSchema(name="bash", description="d", parameters=parameters)  # type: ignore[arg-type]
 
 
 def test_empty_protection_raises() -> None:
@@ -318,6 +370,8 @@ def test_registering_into_a_closed_scope_raises_and_changes_nothing() -> None:
 
     with pytest.raises(ScopeClosedError):
         prompt.variable("v", lambda ctx: "v", scope=scope)
+    with pytest.raises(PromptError, match="scope 'done' is closed; cannot register section 's'"):
+        prompt.section(PromptSection(name="s", order=1, text="s"), scope=scope)
 
     assert prompt.statistics() == before
     assert changes == []

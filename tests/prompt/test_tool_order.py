@@ -95,12 +95,21 @@ async def test_listed_name_known_but_hidden_in_this_scope_is_absent() -> None:
 async def test_provider_returning_the_rest_marker_fails_without_tool_order() -> None:
     prompt = providing(TOOL_ORDER_REST)
 
-    with pytest.raises(PromptError, match="reserved tool name"):
-        await prompt.assemble()
+    for _ in range(2):
+        with pytest.raises(PromptError, match="reserved tool name"):
+            await prompt.assemble()
 
 
 async def test_provider_returning_the_rest_marker_fails_with_tool_order() -> None:
     prompt = providing_into(SystemPrompt(tool_order=[TOOL_ORDER_REST]), TOOL_ORDER_REST)
+
+    for _ in range(2):
+        with pytest.raises(PromptError, match="reserved tool name"):
+            await prompt.assemble()
+
+
+async def test_provider_knowing_the_rest_marker_as_a_hidden_name_fails() -> None:
+    prompt = providing("read", known=["read", TOOL_ORDER_REST])
 
     with pytest.raises(PromptError, match="reserved tool name"):
         await prompt.assemble()
