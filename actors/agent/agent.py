@@ -80,6 +80,7 @@ class Agent:
     _running: bool = False
     _parked: bool = False
     _generation: int = 0
+    _dropped_below: int = 0
     _turn_scope: trio.CancelScope | None = None
     _idle: trio.Event = attrs.field(factory=trio.Event)
     _turn_done: trio.Event = attrs.field(factory=trio.Event)
@@ -131,9 +132,14 @@ class Agent:
         self.abort("user", keep_inbox=keep_inbox)
 
     def abort(self, cause: AbortCause, *, keep_inbox: bool = False) -> None:
-        """Abort the live turn recording `cause` ("user", "parent" or "disposed")."""
+        """Abort the live turn recording `cause` ("user", "parent" or "disposed").
+
+        Input sent before the abort never wakes the agent; it is dropped, or
+        with `keep_inbox=True` parked until input sent after the abort wakes it.
+        """
+        self._generation += 1
         if not keep_inbox:
-            self._generation += 1
+            self._dropped_below = self._generation
             self._loop.inbox.clear()
         self._parked = True
         self._wake_requested = False
@@ -210,7 +216,7 @@ class Agent:
         """The inbox task: files commands in order and wakes the loop. Runs until cancelled."""
         task_status.started()
         async for command in self._receive:
-            if command.generation == self._generation:
+            if command.generation >= self._dropped_below:
                 if command.kind == "next-turn":
                     self._loop.inbox.put_next_turn(command.message)
                 else:
@@ -219,7 +225,6 @@ class Agent:
                 self._pending -= 1
                 if command.generation == self._generation:
                     self._wake_requested = True
-                    self._parked = False
                     # A full wake channel means a wake is already pending; it covers this one.
                     with contextlib.suppress(trio.WouldBlock):
                         self._wake_send.send_nowait(None)
@@ -231,6 +236,8 @@ class Agent:
         """The loop task: on each wake, runs turns while there is input. Runs until cancelled."""
         task_status.started()
         async for _ in self._wake_receive:
+            # A wake is input that arrived after any abort or failed turn: it un-parks.
+            self._parked = False
             self._wake_requested = False
             self._running = True
             self._refresh_idle()

@@ -132,10 +132,12 @@ class AgentLoop:
     _requests: int = attrs.field(default=0, init=False)
     _retries: int = attrs.field(default=0, init=False)
     _unentered: Claim | None = attrs.field(default=None, init=False)
+    _resumed: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._config = self.options.request_config()
         self._last_header = self.session.header()
+        self._resumed = len(self.session) > 0
 
     def statistics(self) -> LoopStatistics:
         """Turns, steps, requests and retries run by this loop."""
@@ -158,9 +160,9 @@ class AgentLoop:
         Cancellation (of the caller's scope) ends the turn `aborted` with
         `abort_cause`. Input claimed by a step that never opened is not lost:
         after an error, or an abort with `keep_claimed_on_abort`, it goes back
-        to the front of the inbox. `on_parked` is called whenever the inbox
-        should wait for a new wake before another turn (after a cancellation,
-        or after input was put back, so a failing turn does not repeat).
+        to the front of the inbox, and `on_parked` is called so the owner
+        waits for a new wake before another turn (a failing turn does not
+        repeat on its own).
         Raises only when the log itself cannot be written (`SessionError`).
         """
         turn = self.session.next_turn()
@@ -186,7 +188,6 @@ class AgentLoop:
                 # Leaving without a reason means cancellation (possibly inside an
                 # exception group from a nursery below): the turn was aborted.
                 reason = TurnEndReason.aborted(self.abort_cause)
-                on_parked()
             if self._unentered is not None and reason is not None:
                 if reason.kind == "error" or (
                     reason.kind == "aborted" and self.keep_claimed_on_abort
@@ -301,7 +302,7 @@ class AgentLoop:
     async def _log_header(self, header: RequestHeader) -> None:
         if not self._header_logged:
             reason: Literal["initial", "resume", "change"] = (
-                "resume" if self._last_header is not None else "initial"
+                "resume" if self._resumed else "initial"
             )
         elif not header_equals(self._last_header, header):
             reason = "change"
@@ -315,14 +316,19 @@ class AgentLoop:
         self, turn: int, step: int, header: RequestHeader
     ) -> StreamAccumulator:
         attempt = 0
+        retry: RequestRetry | None = None
         while True:
+            # `request/retry` is logged only once the wait is over and the
+            # retried request is about to go out, and the messages are taken
+            # right after the last event this attempt logs: the log then says
+            # exactly which attempts were sent, and with what.
+            if retry is not None:
+                await self.session.append(retry)
             await self._log_header(header)
+            messages = self.session.derive_messages()
             await self.session.flush()
             request = GenerateRequest(
-                config=header.config,
-                system=header.system,
-                tools=header.tools,
-                messages=self.session.derive_messages(),
+                config=header.config, system=header.system, tools=header.tools, messages=messages
             )
             result = await self._stream(turn, step, request)
             failure = result.failure
@@ -332,12 +338,10 @@ class AgentLoop:
             if delay_ms is None:
                 raise _TurnFailed(TurnEndReason.failed(_failure_error(failure)))
             self._retries += 1
-            await self.session.append(
-                RequestRetry(
-                    turn=turn, step=step, attempt=attempt, delay_ms=delay_ms, failure=failure
-                )
-            )
             await trio.sleep(delay_ms / 1000)
+            retry = RequestRetry(
+                turn=turn, step=step, attempt=attempt, delay_ms=delay_ms, failure=failure
+            )
             attempt += 1
 
     async def _retry_delay(self, failure: Failure, attempt: int) -> int | None:

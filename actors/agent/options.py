@@ -50,7 +50,7 @@ def _freeze_extra(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return frozen
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen  # positional, as DESIGN §8 writes AgentOptions(...)
 class AgentOptions:
     """How an agent calls its model.
 

@@ -26,7 +26,7 @@ def _freeze_parameters(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return frozen
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen  # positional, as DESIGN §8 writes Tool(...)
 class Tool:
     """A tool: its model-facing schema and the coroutine that runs it.
 

@@ -26,7 +26,7 @@ def _arguments(value: str | dict[str, Any]) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen  # positional, as DESIGN §8 writes ToolCall(...)
 class ToolCall:
     """A tool call a scripted reply makes; `arguments` is the raw JSON string.
 

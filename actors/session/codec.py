@@ -74,10 +74,6 @@ def _configure_union(union: Any, tags: Mapping[type, str], tag_name: str) -> Non
     converter.register_unstructure_hook(union, unstructure)
 
 
-_configure_union(Block, _BLOCK_TAGS, "type")
-_configure_union(Source, _SOURCE_TAGS, "kind")
-_configure_union(Chunk, _CHUNK_TAGS, "type")
-
 # Counters and failure descriptions are always written, even at their defaults.
 converter.register_unstructure_hook(
     Usage,
@@ -98,6 +94,24 @@ converter.register_unstructure_hook(
         retry_after_ms=override(omit_if_default=True),
     ),
 )
+
+
+# Chunks embed Usage and Failure, so the unions are configured after those hooks.
+_configure_union(Block, _BLOCK_TAGS, "type")
+_configure_union(Source, _SOURCE_TAGS, "kind")
+_configure_union(Chunk, _CHUNK_TAGS, "type")
+
+
+def _unstructure_optional_source(source: Source | None) -> dict[str, Any] | None:
+    return None if source is None else converter.unstructure(source, Source)
+
+
+def _structure_optional_source(obj: Any, _: type) -> Source | None:
+    return None if obj is None else converter.structure(obj, Source)  # type: ignore[arg-type]
+
+
+converter.register_unstructure_hook(Source | None, _unstructure_optional_source)
+converter.register_structure_hook(Source | None, _structure_optional_source)
 
 
 def _unstructure_tool(schema: ToolSchema) -> dict[str, Any]:

@@ -59,6 +59,7 @@ class Session:
     _events: list[Event] = attrs.field(factory=list, alias="events")
     _surface: list[Message] = attrs.field(factory=list, init=False)
     _watchers: list[trio.MemorySendChannel[Event]] = attrs.field(factory=list, init=False)
+    _append_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._surface = derive_messages(self._events)
@@ -147,12 +148,31 @@ class Session:
         """Append one event and queue it to the store.
 
         Returns once the store accepted it; call `flush()` to wait for
-        durability. Cancellation before the store accepted it leaves the log
-        unchanged.
+        durability. Concurrent appends from several tasks are serialised in
+        call order, so seqs stay contiguous. Cancellation before the store
+        accepted the event leaves the log unchanged.
 
         Raises:
             ReplacementError: a replacement cites events it cannot replace.
         """
+        async with self._append_lock:
+            return await self._append_locked(
+                data,
+                surface_op=surface_op,
+                source_event_seqs=source_event_seqs,
+                type=type,
+                ignorable=ignorable,
+            )
+
+    async def _append_locked(
+        self,
+        data: EventData,
+        *,
+        surface_op: Literal["replace"] | None,
+        source_event_seqs: Sequence[int] | None,
+        type: str | None,
+        ignorable: bool,
+    ) -> Event:
         event = Event(
             type=type or type_of(data),
             seq=len(self._events),

@@ -9,6 +9,7 @@ from actors.agent.decisions import PreStepNext, StepDecision
 from actors.prompt import (
     AssembleContext,
     PromptAssembly,
+    PromptContext,
     PromptSection,
     SystemPrompt,
     ToolProviderResult,
@@ -191,3 +192,77 @@ async def test_cancel_keep_inbox_while_assembly_blocks_returns_the_claimed_input
         agent.steer("wake up")
         await agent.when_idle()
     assert [m.text for m in provider.requests[0].messages] == ["keep me", "wake up"]
+
+
+async def test_runtime_context_render_failure_ends_the_turn_before_any_step() -> None:
+    prompt = SystemPrompt()
+    prompt.context(PromptContext(name="sandbox:policy", order=110, text="mode {{modee}}"))
+    provider = ScriptedProvider([Reply.text("never")])
+    async with open_agent(system_prompt=prompt, provider=provider) as agent:
+        agent.followup("hi")
+        await agent.when_idle()
+    assert types(agent.session) == ["turn/start", "turn/end"]
+    error = data_of(agent.session, "turn/end")[0].reason.error
+    assert "modee" in error.message and "sandbox:policy" in error.message
+    assert provider.requests == []
+
+
+async def test_disposal_while_assembly_is_blocked_aborts_disposed_with_no_step() -> None:
+    gate = trio.Event()
+
+    async def slow_listener(
+        assembly: PromptAssembly, ctx: AssembleContext, next: object
+    ) -> PromptAssembly:
+        await gate.wait()
+        return assembly
+
+    prompt = SystemPrompt()
+    prompt.on_assemble(slow_listener)  # type: ignore[arg-type]
+    provider = ScriptedProvider([Reply.text("never")])
+    async with open_agent(system_prompt=prompt, provider=provider) as agent:
+        agent.followup("hi")
+        await trio.testing.wait_all_tasks_blocked()
+    assert types(agent.session) == ["turn/start", "turn/end"]
+    end = data_of(agent.session, "turn/end")[0]
+    assert end.reason.reason is not None and end.reason.reason.kind == "disposed"
+    assert provider.requests == []
+
+
+async def test_disposal_mid_stream_saves_the_streamed_prefix_as_interrupted() -> None:
+    provider = ScriptedProvider([Reply.hang("half an ans")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        agent.followup("hi")
+        await trio.testing.wait_all_tasks_blocked()
+    message = data_of(agent.session, "assistant/message")[0]
+    assert (message.interrupted, message.message.text) == (True, "half an ans")
+    assert types(agent.session)[-3:] == ["assistant/message", "step/end", "turn/end"]
+
+
+async def test_cancel_before_anything_streamed_writes_no_assistant_message() -> None:
+    provider = ScriptedProvider([Reply.hang("")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        agent.followup("hi")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.cancel()
+        await agent.when_idle()
+    assert "assistant/message" not in types(agent.session)
+    assert types(agent.session)[-2:] == ["step/end", "turn/end"]
+    assert turn_end_kinds(agent.session) == ["aborted"]
+
+
+async def test_failing_pre_step_listener_ends_the_turn_with_its_message() -> None:
+    async def broken(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        raise RuntimeError("listener exploded")
+
+    provider = ScriptedProvider([Reply.text("never"), Reply.text("later")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        registration = agent.on_pre_step(broken)
+        agent.followup("hi")
+        await agent.when_idle()
+        registration.dispose()
+        agent.followup("again")
+        await agent.when_idle()
+    error = data_of(agent.session, "turn/end")[0].reason.error
+    assert "listener exploded" in error.message
+    assert turn_end_kinds(agent.session) == ["error", "completed", "completed"]
+    assert [d.content[0].text for d in data_of(agent.session, "user/message")] == ["hi", "again"]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from actors.agent import Enter, Reject, StepProposal, open_agent
+from actors.agent import Enter, Reject, StepProposal, Tool, open_agent
 from actors.agent.decisions import PreStepNext, StepDecision
 from actors.messages import Message, PluginSource
 from actors.prompt import PromptContext, SystemPrompt
-from actors.providers import Reply, ScriptedProvider
+from actors.providers import Reply, ScriptedProvider, ToolCall
 from tests.agent.helpers import turn_end_kinds, types
 
 
@@ -98,3 +98,44 @@ async def test_disposed_listener_is_no_longer_called() -> None:
         agent.followup("two")
         await agent.when_idle()
     assert calls == [0]
+
+
+async def test_listener_is_consulted_for_every_proposed_step_of_a_turn() -> None:
+    seen: list[tuple[int, int, list[str]]] = []
+
+    async def spy(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        seen.append((proposal.turn, proposal.step, [m.text for m in proposal.messages]))
+        return await next()
+
+    async def noop(arguments: dict[str, object] | str, call: object) -> str:
+        return "ok"
+
+    provider = ScriptedProvider(
+        [Reply.tool_calls([ToolCall(id="1", name="noop")]), Reply.text("done")]
+    )
+    tool = Tool(name="noop", description="d", parameters={}, execute=noop)
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, tools=[tool]) as agent:
+        agent.on_pre_step(spy)
+        agent.followup("hi")
+        await agent.when_idle()
+    assert seen == [(0, 0, ["hi"]), (0, 1, [])]
+
+
+async def test_rejecting_a_later_step_ends_the_turn_blocked_after_the_tool_step() -> None:
+    async def refuse_second(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        return Reject(reason="enough") if proposal.step == 1 else await next()
+
+    async def noop(arguments: dict[str, object] | str, call: object) -> str:
+        return "ok"
+
+    provider = ScriptedProvider(
+        [Reply.tool_calls([ToolCall(id="1", name="noop")]), Reply.text("never")]
+    )
+    tool = Tool(name="noop", description="d", parameters={}, execute=noop)
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, tools=[tool]) as agent:
+        agent.on_pre_step(refuse_second)
+        agent.followup("hi")
+        await agent.when_idle()
+    assert types(agent.session)[-3:] == ["tool/result", "step/end", "turn/end"]
+    assert turn_end_kinds(agent.session) == ["blocked"]
+    assert len(provider.requests) == 1

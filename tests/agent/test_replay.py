@@ -13,6 +13,7 @@ from actors.agent import AgentOptions, RetryPolicy, Tool, open_agent
 from actors.prompt import PromptContext, PromptSection, SystemPrompt
 from actors.providers import GenerateRequest, Reply, ScriptedProvider, ToolCall
 from actors.session import SessionError, rebuild_request
+from tests.agent.helpers import FlushHookStore, compact_surface
 
 
 async def noop(arguments: dict[str, object] | str, call: object) -> str:
@@ -125,3 +126,136 @@ async def test_rebuild_names_a_missing_step_or_attempt() -> None:
         rebuild_request(events, 0, 3)
     with pytest.raises(SessionError, match="attempt 1 does not exist"):
         rebuild_request(events, 0, 0, 1)
+
+
+async def test_rebuild_matches_every_step_through_aborts_compaction_and_tool_changes() -> None:
+    async def forever(arguments: dict[str, object] | str, call: object) -> str:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    tools = [*TOOLS, Tool(name="wait", description="d", parameters={}, execute=forever)]
+    prompt = SystemPrompt(persona="You are {{model}}.")
+    policy = {"value": "read-only"}
+    prompt.context(PromptContext(name="policy", order=110, text=lambda ctx: policy["value"]))
+    provider = ScriptedProvider(
+        [
+            Reply.hang("partial"),
+            Reply.tool_calls([ToolCall(id="w", name="wait"), ToolCall(id="a", name="alpha")]),
+            Reply.max_tokens("cut o"),
+            Reply.text("thought through", reasoning="thinking"),
+            Reply.text("final"),
+        ]
+    )
+    async with open_agent(system_prompt=prompt, provider=provider, tools=tools) as agent:
+        for index in range(5):
+            if index == 2:
+                policy["value"] = ""
+            if index == 3:
+                await compact_surface(agent.session)
+                policy["value"] = "workspace-write"
+            if index == 4:
+                agent.tools.add(Tool(name="late", description="d", parameters={}, execute=noop))
+            agent.followup(f"turn {index}")
+            if index < 2:
+                await trio.testing.wait_all_tasks_blocked()
+                agent.cancel()
+            await agent.when_idle()
+    events = json.loads(json.dumps(agent.session.to_json()))
+    assert [e["data"]["reason"]["kind"] for e in events if e["type"] == "turn/end"] == [
+        "aborted",
+        "aborted",
+        "max-tokens",
+        "completed",
+        "completed",
+    ]
+    sent = attempts_by_step(events)
+    assert len(sent) == len(provider.requests) == 5
+    for (turn, step, attempt), received in zip(sent, provider.requests, strict=True):
+        assert dump(rebuild_request(events, turn, step, attempt)) == dump(received)
+
+
+async def test_rebuild_accepts_event_objects_as_well_as_json() -> None:
+    provider = ScriptedProvider([Reply.text("a")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        agent.followup("hi")
+        await agent.when_idle()
+    assert dump(rebuild_request(agent.session.events, 0, 0)) == dump(provider.requests[0])
+
+
+async def test_request_json_omits_empty_system_and_tools() -> None:
+    prompt = SystemPrompt(include_harness_identity=False)
+    provider = ScriptedProvider([Reply.text("a")])
+    async with open_agent(system_prompt=prompt, provider=provider) as agent:
+        agent.followup("hi")
+        await agent.when_idle()
+    sent = provider.requests[0].to_json()
+    assert list(sent) == ["config", "messages"]
+    assert sent["config"] == {"provider": "default", "model": "m"}
+    header = agent.session.to_json()[3]
+    assert header["data"] == {
+        "header": {"config": {"provider": "default", "model": "m"}},
+        "reason": "initial",
+    }
+    assert rebuild_request(agent.session.to_json(), 0, 0).to_json() == sent
+
+
+async def test_request_json_keys_come_in_the_documented_order() -> None:
+    provider = ScriptedProvider([Reply.text("a")])
+    options = AgentOptions(model="m", provider_name="p", max_tokens=5, temperature=0.5)
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=provider, options=options, tools=TOOLS
+    ) as agent:
+        agent.followup("hi")
+        await agent.when_idle()
+    sent = provider.requests[0].to_json()
+    assert list(sent) == ["config", "system", "tools", "messages"]
+    assert list(sent["config"]) == ["provider", "model", "max_tokens", "temperature"]
+    assert sent["tools"][0] == {
+        "name": "alpha",
+        "description": "tool alpha",
+        "parameters": {"type": "object"},
+    }
+
+
+async def test_rebuild_of_a_retry_includes_history_appended_during_the_wait(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    provider = ScriptedProvider([Reply.failure("overloaded", retryable=True), Reply.text("ok")])
+    options = AgentOptions(model="m", retry=RetryPolicy(base_delay_ms=1_000, jitter=0))
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=provider, options=options
+    ) as agent:
+        agent.followup("hi")
+        await trio.sleep(0.5)
+        await compact_surface(agent.session)
+        await agent.when_idle()
+    events = agent.session.to_json()
+    assert dump(rebuild_request(events, 0, 0, 1)) == dump(provider.requests[1])
+
+
+async def test_history_appended_during_the_flush_is_neither_sent_nor_rebuilt() -> None:
+    store = FlushHookStore()
+    provider = ScriptedProvider([Reply.text("ok")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, store=store) as agent:
+        store.before_flush = lambda: compact_surface(agent.session)
+        agent.followup("hi")
+        await agent.when_idle()
+    assert [m.text for m in provider.requests[0].messages] == ["hi"]
+    assert dump(rebuild_request(agent.session.to_json(), 0, 0)) == dump(provider.requests[0])
+    assert agent.session.derive_messages()[0].text == "Summary of earlier work."
+
+
+async def test_rebuild_refuses_an_attempt_cancelled_during_its_retry_wait(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    provider = ScriptedProvider(
+        [Reply.failure("rate_limited", retryable=True, retry_after_ms=10_000)]
+    )
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        agent.followup("hi")
+        await trio.sleep(1)
+        agent.cancel()
+        await agent.when_idle()
+    assert len(provider.requests) == 1
+    with pytest.raises(SessionError, match="attempt 1 does not exist"):
+        rebuild_request(agent.session.to_json(), 0, 0, 1)

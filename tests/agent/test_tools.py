@@ -10,7 +10,7 @@ from actors.agent.tools import ToolRegistryError
 from actors.prompt import SystemPrompt
 from actors.providers import Reply, ScriptedProvider, ToolCall
 from actors.session.events import ToolCallRequested
-from tests.agent.helpers import data_of, turn_end_kinds
+from tests.agent.helpers import data_of, turn_end_kinds, types
 
 
 async def test_tool_calls_of_one_step_run_concurrently() -> None:
@@ -139,3 +139,84 @@ def test_duplicate_tool_names_are_refused() -> None:
     tool = Tool(name="t", description="d", parameters={}, execute=noop)
     with pytest.raises(ToolRegistryError, match="'t'"):
         ToolRegistry.of([tool, tool])
+
+
+async def test_tool_results_are_logged_in_call_order_when_calls_finish_out_of_order() -> None:
+    first_may_finish = trio.Event()
+
+    async def slow(arguments: dict[str, object] | str, call: object) -> str:
+        await first_may_finish.wait()
+        return "slow"
+
+    async def fast(arguments: dict[str, object] | str, call: object) -> str:
+        first_may_finish.set()
+        return "fast"
+
+    tools = [
+        Tool(name="slow", description="d", parameters={}, execute=slow),
+        Tool(name="fast", description="d", parameters={}, execute=fast),
+    ]
+    provider = ScriptedProvider(
+        [
+            Reply.tool_calls([ToolCall(id="1", name="slow"), ToolCall(id="2", name="fast")]),
+            Reply.text("done"),
+        ]
+    )
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, tools=tools) as agent:
+        agent.followup("go")
+        with trio.fail_after(5):
+            await agent.when_idle()
+    results = data_of(agent.session, "tool/result")
+    assert [(r.call_id, r.content) for r in results] == [("1", "slow"), ("2", "fast")]
+    assert [m.text for m in provider.requests[1].messages][-2:] == ["slow", "fast"]
+
+
+async def test_every_tool_call_is_logged_before_any_tool_result() -> None:
+    async def noop(arguments: dict[str, object] | str, call: object) -> str:
+        return "ok"
+
+    tool = Tool(name="t", description="d", parameters={}, execute=noop)
+    provider = ScriptedProvider(
+        [
+            Reply.tool_calls([ToolCall(id="1", name="t"), ToolCall(id="2", name="t")]),
+            Reply.text("done"),
+        ]
+    )
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, tools=[tool]) as agent:
+        agent.followup("go")
+        await agent.when_idle()
+    first_step = types(agent.session)[: types(agent.session).index("step/end") + 1]
+    assert first_step[-6:] == [
+        "assistant/message",
+        "tool/call",
+        "tool/call",
+        "tool/result",
+        "tool/result",
+        "step/end",
+    ]
+
+
+async def test_one_failing_tool_does_not_affect_its_siblings() -> None:
+    async def explode(arguments: dict[str, object] | str, call: object) -> str:
+        raise ValueError("bad input")
+
+    async def fine(arguments: dict[str, object] | str, call: object) -> str:
+        await trio.lowlevel.checkpoint()
+        return "fine"
+
+    tools = [
+        Tool(name="explode", description="d", parameters={}, execute=explode),
+        Tool(name="fine", description="d", parameters={}, execute=fine),
+    ]
+    provider = ScriptedProvider(
+        [
+            Reply.tool_calls([ToolCall(id="1", name="explode"), ToolCall(id="2", name="fine")]),
+            Reply.text("done"),
+        ]
+    )
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, tools=tools) as agent:
+        agent.followup("go")
+        await agent.when_idle()
+    results = data_of(agent.session, "tool/result")
+    assert [(r.content, r.is_error) for r in results] == [("bad input", True), ("fine", False)]
+    assert turn_end_kinds(agent.session) == ["completed"]

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from pathlib import Path
 
+import pytest
 import trio
 
 from actors.agent import AgentOptions, Tool, open_agent
 from actors.prompt import AssembleContext, PromptSection, SystemPrompt
-from actors.providers import Reply, ScriptedProvider, ToolCall, Usage
-from actors.session import MemoryStore
-from tests.agent.helpers import data_of, turn_end_kinds, types
+from actors.providers import GenerateRequest, Reply, ScriptedProvider, ToolCall, Usage
+from actors.providers.chunks import Chunk, TextDelta
+from actors.scope import Scope
+from actors.session import MemoryStore, Session, SQLiteStore
+from actors.session.events import AssistantChunk, StepStart, TurnStart
+from tests.agent.helpers import GatedProvider, data_of, request_texts, turn_end_kinds, types
 
 
 async def echo(arguments: dict[str, object] | str, call: object) -> str:
@@ -248,3 +255,284 @@ async def test_leaving_open_agent_aborts_a_live_turn_as_disposed() -> None:
     end = data_of(agent.session, "turn/end")[0]
     assert end.reason.reason is not None and end.reason.reason.kind == "disposed"
     assert agent.session.to_json()[-1]["type"] == "turn/end"
+
+
+async def test_steer_during_the_last_step_continues_the_turn_with_another_step() -> None:
+    gate = trio.Event()
+    provider = GatedProvider([Reply.text("first"), Reply.text("after steer")], gate)
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        agent.followup("go")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.steer("also this")
+        await trio.testing.wait_all_tasks_blocked()
+        gate.set()
+        await agent.when_idle()
+    assert [(d.turn, d.step) for d in data_of(agent.session, "step/start")] == [(0, 0), (0, 1)]
+    assert turn_end_kinds(agent.session) == ["completed"]
+    assert request_texts(provider.requests[1]) == ["go", "first", "also this"]
+
+
+async def test_followup_during_a_turn_runs_as_its_own_next_turn() -> None:
+    gate = trio.Event()
+    provider = GatedProvider([Reply.text("first"), Reply.text("second")], gate)
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        agent.followup("one")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.followup("two")
+        await trio.testing.wait_all_tasks_blocked()
+        gate.set()
+        await agent.when_idle()
+    assert [(d.turn, d.step) for d in data_of(agent.session, "step/start")] == [(0, 0), (1, 0)]
+    assert request_texts(provider.requests[0]) == ["one"]
+    assert request_texts(provider.requests[1]) == ["one", "first", "two"]
+
+
+async def test_steer_while_idle_wakes_the_agent_for_a_turn() -> None:
+    provider = ScriptedProvider([Reply.text("a")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        agent.steer("nudge")
+        await agent.when_idle()
+    assert turn_end_kinds(agent.session) == ["completed"]
+    assert request_texts(provider.requests[0]) == ["nudge"]
+
+
+async def test_inject_during_a_live_turn_is_claimed_by_its_next_step() -> None:
+    release = trio.Event()
+
+    async def slow(arguments: dict[str, object] | str, call: object) -> str:
+        await release.wait()
+        return "slow done"
+
+    tool = Tool(name="slow", description="d", parameters={"type": "object"}, execute=slow)
+    provider = ScriptedProvider(
+        [Reply.tool_calls([ToolCall(id="c1", name="slow")]), Reply.text("b"), Reply.text("c")]
+    )
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, tools=[tool]) as agent:
+        agent.followup("go")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.inject("quiet note")
+        release.set()
+        await agent.when_idle()
+    assert len(provider.requests) == 2
+    assert request_texts(provider.requests[1])[-1] == "quiet note"
+    assert turn_end_kinds(agent.session) == ["completed"]
+
+
+async def test_cancel_drops_input_queued_for_the_next_step() -> None:
+    provider = ScriptedProvider([Reply.hang("part"), Reply.text("never")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        agent.followup("one")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.steer("steered")
+        agent.inject("injected")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.cancel()
+        await agent.when_idle()
+        assert agent.inbox.statistics().next_step == 0
+    assert len(provider.requests) == 1
+    assert turn_end_kinds(agent.session) == ["aborted"]
+
+
+async def test_followup_sent_before_cancel_keep_inbox_stays_parked() -> None:
+    provider = ScriptedProvider([Reply.hang(), Reply.text("never")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        agent.followup("one")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.followup("two")
+        agent.cancel(keep_inbox=True)
+        await agent.when_idle()
+        assert agent.inbox.statistics().next_turn == 1
+    assert len(provider.requests) == 1
+    assert turn_end_kinds(agent.session) == ["aborted"]
+
+
+@pytest.mark.parametrize("keep_inbox", [False, True])
+async def test_followup_sent_right_after_cancel_runs_a_new_turn(keep_inbox: bool) -> None:
+    provider = ScriptedProvider([Reply.hang("part"), Reply.text("second")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        agent.followup("one")
+        await trio.testing.wait_all_tasks_blocked()
+        agent.cancel(keep_inbox=keep_inbox)
+        agent.followup("again")
+        await agent.when_idle()
+    assert turn_end_kinds(agent.session) == ["aborted", "completed"]
+    assert request_texts(provider.requests[-1])[-1] == "again"
+
+
+async def test_status_is_running_as_soon_as_followup_returns() -> None:
+    provider = ScriptedProvider([Reply.text("a")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+        assert agent.status == "idle"
+        agent.followup("hi")
+        assert agent.status == "running"
+        await agent.when_idle()
+        assert agent.status == "idle"
+    assert turn_end_kinds(agent.session) == ["completed"]
+
+
+async def test_when_idle_returns_at_once_for_an_idle_agent(autojump_clock: trio.abc.Clock) -> None:
+    async with open_agent(system_prompt=SystemPrompt(), provider=ScriptedProvider([])) as agent:
+        start = trio.current_time()
+        with trio.fail_after(1):
+            await agent.when_idle()
+        assert trio.current_time() == start
+    assert len(agent.session) == 0
+
+
+async def test_open_agent_scope_becomes_the_parent_of_the_agent_scope() -> None:
+    parent = Scope(name="team")
+    prompt = SystemPrompt(persona="p")
+    prompt.section(PromptSection(name="team:rule", order=5, text="Team rule."), scope=parent)
+    provider = ScriptedProvider([Reply.text("a")])
+    async with open_agent(system_prompt=prompt, provider=provider, scope=parent) as agent:
+        agent.followup("hi")
+        await agent.when_idle()
+    assert agent.scope.parent is parent
+    assert provider.requests[0].system is not None
+    assert "Team rule." in provider.requests[0].system
+
+
+async def test_agent_scope_registrations_die_with_the_agent() -> None:
+    prompt = SystemPrompt(persona="p")
+    async with open_agent(
+        system_prompt=prompt, provider=ScriptedProvider([]), tools=[ECHO]
+    ) as agent:
+        prompt.section(PromptSection(name="mine", order=5, text="Mine."), scope=agent.scope)
+        live = await prompt.assemble(AssembleContext(scope=agent.scope))
+        assert "mine" in [s.name for s in live.sections]
+        assert {"model", "provider"} <= set(live.variables)
+    after = await prompt.assemble(AssembleContext(scope=agent.scope))
+    assert "mine" not in [s.name for s in after.sections]
+    assert "model" not in after.variables and "provider" not in after.variables
+    assert after.tools == []
+
+
+async def test_cancelling_the_owner_of_open_agent_aborts_the_turn_as_disposed(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    provider = ScriptedProvider([Reply.hang("partial")])
+    with trio.move_on_after(10):
+        async with open_agent(system_prompt=SystemPrompt(), provider=provider) as agent:
+            agent.followup("hi")
+            await trio.sleep_forever()
+    end = data_of(agent.session, "turn/end")[0]
+    assert end.reason.reason is not None and end.reason.reason.kind == "disposed"
+
+
+async def test_changed_tool_set_logs_a_change_header() -> None:
+    provider = ScriptedProvider([Reply.text("a"), Reply.text("b")])
+    async with open_agent(
+        system_prompt=SystemPrompt(persona="p"), provider=provider, tools=[ECHO]
+    ) as agent:
+        agent.followup("one")
+        await agent.when_idle()
+        agent.tools.add(Tool(name="late", description="d", parameters={}, execute=echo))
+        agent.followup("two")
+        await agent.when_idle()
+    headers = data_of(agent.session, "request/header")
+    assert [h.reason for h in headers] == ["initial", "change"]
+    assert [t.name for t in headers[1].header.tools] == ["echo", "late"]
+
+
+async def test_prompt_change_during_a_tool_call_is_logged_before_the_next_step() -> None:
+    prompt = SystemPrompt(persona="p")
+
+    async def add_rule(arguments: dict[str, object] | str, call: object) -> str:
+        prompt.section(PromptSection(name="rule", order=50, text="New rule."))
+        return "added"
+
+    tool = Tool(name="add_rule", description="d", parameters={}, execute=add_rule)
+    provider = ScriptedProvider(
+        [Reply.tool_calls([ToolCall(id="1", name="add_rule")]), Reply.text("ok")]
+    )
+    async with open_agent(system_prompt=prompt, provider=provider, tools=[tool]) as agent:
+        agent.followup("go")
+        await agent.when_idle()
+    assert types(agent.session)[10:13] == ["step/start", "request/header", "assistant/chunk"]
+    assert [h.reason for h in data_of(agent.session, "request/header")] == ["initial", "change"]
+    assert provider.requests[1].system is not None
+    assert provider.requests[1].system.endswith("New rule.")
+
+
+async def test_header_and_user_messages_are_durable_before_the_request(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    durable_at_request: list[list[str]] = []
+
+    class Checking(ScriptedProvider):
+        async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+            stored = await SQLiteStore(path).load(agent.session.id)
+            durable_at_request.append([event.type for event in stored])
+            async with aclosing(super().stream(request)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=Checking([Reply.text("a")]), store=SQLiteStore(path)
+    ) as agent:
+        agent.followup("hi")
+        await agent.when_idle()
+    assert durable_at_request == [["turn/start", "step/start", "user/message", "request/header"]]
+
+
+async def test_agent_resumes_a_session_from_a_fresh_sqlite_store(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    prompt = SystemPrompt(persona="p")
+    async with open_agent(
+        system_prompt=prompt, provider=ScriptedProvider([Reply.text("a")]), store=SQLiteStore(path)
+    ) as first:
+        first.followup("one")
+        await first.when_idle()
+    provider = ScriptedProvider([Reply.text("b")])
+    async with open_agent(
+        system_prompt=prompt,
+        provider=provider,
+        store=SQLiteStore(path),
+        session_id=first.session.id,
+    ) as second:
+        second.followup("two")
+        await second.when_idle()
+    assert second.session.to_json()[: len(first.session)] == first.session.to_json()
+    assert request_texts(provider.requests[0]) == ["one", "a", "two"]
+    stored = await SQLiteStore(path).load(first.session.id)
+    assert [event.seq for event in stored] == list(range(len(second.session)))
+
+
+async def test_agent_over_a_crashed_session_closes_its_open_turn_and_continues() -> None:
+    store = MemoryStore()
+    crashed = await Session.create(store, "s")
+    await crashed.append(TurnStart(turn=0))
+    await crashed.append(StepStart(turn=0, step=0))
+    await crashed.append(AssistantChunk(turn=0, step=0, chunk=TextDelta(text="par")))
+    before = crashed.to_json()
+    async with open_agent(
+        system_prompt=SystemPrompt(),
+        provider=ScriptedProvider([Reply.text("a")]),
+        store=store,
+        session_id="s",
+    ) as agent:
+        agent.followup("hi")
+        await agent.when_idle()
+    assert agent.session.to_json()[:3] == before
+    assert types(agent.session)[3:5] == ["step/end", "turn/end"]
+    assert turn_end_kinds(agent.session) == ["interrupted", "completed"]
+    assert [d.turn for d in data_of(agent.session, "turn/start")] == [0, 1]
+
+
+async def test_first_request_over_an_existing_log_without_a_header_logs_resume() -> None:
+    store = MemoryStore()
+    broken = SystemPrompt(tool_order=["ghost", "<unlisted-tools>"])
+    async with open_agent(
+        system_prompt=broken, provider=ScriptedProvider([]), store=store
+    ) as first:
+        first.followup("one")
+        await first.when_idle()
+    assert data_of(first.session, "request/header") == []
+    async with open_agent(
+        system_prompt=SystemPrompt(),
+        provider=ScriptedProvider([Reply.text("a")]),
+        store=store,
+        session_id=first.session.id,
+    ) as second:
+        second.followup("two")
+        await second.when_idle()
+    assert [h.reason for h in data_of(second.session, "request/header")] == ["resume"]

@@ -8,10 +8,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.messages import PluginSource, ReasoningBlock, TextBlock, ToolCallBlock
+from actors.messages import (
+    Message,
+    PluginSource,
+    ReasoningBlock,
+    TextBlock,
+    ToolCallBlock,
+    ToolSource,
+)
+from actors.providers import Chunk, Failure, FinishChunk, GenerateRequest, Usage, UsageChunk
 from actors.session import EVENT_TYPES, SessionError, UnknownEventError
 from actors.session.codec import event_from_json, event_to_json
-from actors.session.events import Event, RequestHeaderLogged, UserMessage
+from actors.session.events import (
+    AssistantChunk,
+    AssistantMessage,
+    Event,
+    RequestHeaderLogged,
+    UserMessage,
+)
 from actors.session.header import RequestHeader
 from tests.session.strategies import DATA, known_events, unknown_events
 
@@ -108,3 +122,69 @@ def test_empty_system_text_and_tools_are_written_absent() -> None:
         "header": {"config": {"model": "m"}},
         "reason": "initial",
     }
+
+
+def _chunk_event(chunk: Chunk) -> Event:
+    return Event(
+        type="assistant/chunk", seq=0, time=0, data=AssistantChunk(turn=0, step=0, chunk=chunk)
+    )
+
+
+@pytest.mark.parametrize(
+    ("chunk", "key", "expected"),
+    [
+        (
+            UsageChunk(usage=Usage()),
+            "usage",
+            {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0},
+        ),
+        (
+            FinishChunk(reason="error", failure=Failure(code="c")),
+            "failure",
+            {"code": "c", "message": "", "retryable": False},
+        ),
+    ],
+    ids=["usage", "failure"],
+)
+def test_usage_and_failure_are_written_in_full_inside_a_chunk(
+    chunk: Chunk, key: str, expected: dict[str, object]
+) -> None:
+    assert event_to_json(_chunk_event(chunk))["data"]["chunk"][key] == expected
+
+
+def test_usage_is_written_in_full_in_an_assistant_message() -> None:
+    event = Event(
+        type="assistant/message",
+        seq=0,
+        time=0,
+        data=AssistantMessage(
+            turn=0, step=0, message=Message(role="assistant", content="x"), usage=Usage()
+        ),
+    )
+    assert event_to_json(event)["data"]["usage"] == {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cache_read_tokens": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (Message.user("hi"), {"kind": "user"}),
+        (
+            Message(role="user", content="r", source=ToolSource(call_id="c1")),
+            {"kind": "tool", "call_id": "c1"},
+        ),
+        (
+            Message.user("s", PluginSource(plugin="runtime-context", form="snapshot")),
+            {"kind": "plugin", "plugin": "runtime-context", "form": "snapshot"},
+        ),
+    ],
+    ids=["user", "tool", "plugin"],
+)
+def test_request_json_messages_carry_tagged_sources(
+    message: Message, expected: dict[str, object]
+) -> None:
+    request = GenerateRequest(config={"provider": "p", "model": "m"}, messages=[message])
+    assert request.to_json()["messages"][0]["source"] == expected

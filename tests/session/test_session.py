@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 from hypothesis import given
@@ -178,3 +179,21 @@ async def test_incremental_surface_equals_derive_messages(data: st.DataObject) -
         assert session.derive_messages() == derive_messages(session.events)
     loaded = await Session.load(session.store, "s")
     assert loaded.derive_messages() == session.derive_messages()
+
+
+async def test_default_clock_stamps_epoch_milliseconds() -> None:
+    session = await Session.create(MemoryStore(), "s")
+    before = time.time_ns() // 1_000_000
+    event = await session.append(TurnStart(turn=0))
+    after = time.time_ns() // 1_000_000
+    assert before <= event.time <= after
+
+
+async def test_open_creates_a_missing_session_and_loads_an_existing_one() -> None:
+    store = MemoryStore()
+    created = await Session.open(store, "s")
+    await complete_turn(created, 0)
+    loaded = await Session.open(store, "s")
+    assert loaded.to_json() == created.to_json()
+    fresh = await Session.open(store)
+    assert fresh.id != "s" and len(fresh) == 0
