@@ -155,7 +155,13 @@ class Session:
         Raises:
             ReplacementError: a replacement cites events it cannot replace.
         """
-        async with self._append_lock:
+        # Uncontended appends take the lock without an extra scheduling point;
+        # the store's append is the checkpoint.
+        try:
+            self._append_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._append_lock.acquire()
+        try:
             return await self._append_locked(
                 data,
                 surface_op=surface_op,
@@ -163,6 +169,8 @@ class Session:
                 type=type,
                 ignorable=ignorable,
             )
+        finally:
+            self._append_lock.release()
 
     async def _append_locked(
         self,
