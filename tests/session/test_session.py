@@ -197,3 +197,21 @@ async def test_open_creates_a_missing_session_and_loads_an_existing_one() -> Non
     assert loaded.to_json() == created.to_json()
     fresh = await Session.open(store)
     assert fresh.id != "s" and len(fresh) == 0
+
+
+async def test_concurrent_appends_from_several_tasks_keep_seqs_contiguous() -> None:
+    import trio
+
+    store = MemoryStore()
+    session = await Session.create(store)
+
+    async def writer(turn: int) -> None:
+        for step in range(20):
+            await session.append(StepStart(turn=turn, step=step))
+
+    async with trio.open_nursery() as nursery:
+        for turn in range(5):
+            nursery.start_soon(writer, turn)
+    assert [e.seq for e in session.events] == list(range(100))
+    reloaded = await Session.load(store, session.id)
+    assert reloaded.to_json() == session.to_json()
