@@ -6,6 +6,7 @@ import itertools
 import time
 
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -200,8 +201,6 @@ async def test_open_creates_a_missing_session_and_loads_an_existing_one() -> Non
 
 
 async def test_concurrent_appends_from_several_tasks_keep_seqs_contiguous() -> None:
-    import trio
-
     store = MemoryStore()
     session = await Session.create(store)
 
