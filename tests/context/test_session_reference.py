@@ -53,6 +53,25 @@ async def test_the_recall_follows_the_mentioning_message() -> None:
     ]
 
 
+async def test_mentions_in_several_messages_are_recalled_as_one_message_after_the_last() -> None:
+    store = MemoryStore()
+    await make_session(store, "alpha", [("q", "a")])
+    await make_session(store, "beta", [("q", "b")])
+    provider = ScriptedProvider([Reply.text("ok")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, store=store) as agent:
+        SessionReferences(store=store).install(agent)
+        agent.steer("first @session:beta")
+        agent.steer("then @session:alpha and @session:beta")
+        await agent.when_idle()
+    assert labels(provider.requests[0].messages) == [
+        "user:first @session:beta",
+        "user:then @session:alpha and @session:beta",
+        PLUGIN,
+    ]
+    [recall] = recalls(agent)
+    assert recall.source == PluginSource(plugin=PLUGIN, form="recall", sections=("beta", "alpha"))
+
+
 async def test_a_message_without_mentions_gets_no_recall() -> None:
     store = MemoryStore()
     provider = ScriptedProvider([Reply.text("ok")])

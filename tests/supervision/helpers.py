@@ -98,11 +98,13 @@ class WriterStore:
     """A store whose events become durable only through its writer task (like group commit).
 
     `durable` holds what the writer wrote; `log` records "store started" and
-    "store stopped". Anything still queued when the writer stops is lost.
+    "store stopped". The writer takes `write_delay` seconds per write (a slow
+    disk). Anything still queued when the writer stops is lost.
     """
 
     log: list[str]
     durable: dict[str, list[Event]] = attrs.field(factory=dict)
+    write_delay: float = 0.0
     _accepted: dict[str, list[Event]] = attrs.field(factory=dict, init=False)
     _queue: trio.MemorySendChannel[tuple[str, list[Event]] | trio.Event] | None = attrs.field(
         default=None, init=False
@@ -124,6 +126,7 @@ class WriterStore:
                 if isinstance(item, trio.Event):
                     item.set()
                 else:
+                    await trio.sleep(self.write_delay)
                     self.durable.setdefault(item[0], []).extend(item[1])
         finally:
             self._queue = None

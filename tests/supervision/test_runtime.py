@@ -10,10 +10,11 @@ import trio
 import trio.testing
 
 from actors.agent import Agent, AgentOptions
+from actors.messages import UserSource
 from actors.prompt import PromptSection, SystemPrompt
 from actors.providers import Reply, ScriptedProvider, ToolCall
 from actors.session import MemoryStore, SQLiteStore
-from actors.session.events import TurnEnd, TurnEndReason
+from actors.session.events import TurnEnd, TurnEndReason, UserMessage
 from supervision import (
     NotRunningError,
     RegistryChange,
@@ -68,6 +69,21 @@ async def test_leaving_the_runtime_stops_services_in_reverse_order_losing_no_eve
     durable = store.durable[session_id]
     assert [e.seq for e in durable] == list(range(len(durable)))
     assert durable[-1].data == TurnEnd(turn=0, reason=TurnEndReason.aborted("disposed"))
+
+
+async def test_leaving_the_runtime_flushes_the_store_before_its_writer_stops(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = WriterStore(log=[], write_delay=1.0)
+    async with open_runtime(
+        system_prompt=SystemPrompt(), store=store, providers={"default": ScriptedProvider([])}
+    ) as runtime:
+        child = await runtime.start_agent()
+        session = child.value.session
+        for text in "abc":  # accepted by the store, still queued for its slow writer
+            await session.append(UserMessage(content=text, source=UserSource()))
+    assert store.durable[session.id] == list(session.events)
+    assert [e.data.to_message().text for e in store.durable[session.id]] == ["a", "b", "c"]
 
 
 async def test_registry_changes_coalesce_while_the_subscriber_has_not_looked(
@@ -164,6 +180,27 @@ async def test_crashed_agent_restarts_over_its_session_with_a_resume_header(
     assert turn_end_kinds(second.session) == ["completed", "interrupted", "completed"]
     assert [h.reason for h in data_of(second.session, "request/header")] == ["initial", "resume"]
     assert [m.text for m in provider.requests[-1].messages] == ["a", "one", "b", "c"]
+
+
+async def test_a_failed_turn_is_not_a_crash_and_restarts_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    provider = ScriptedProvider(
+        [Reply.failure("unauthorized", "bad key", status=401), Reply.text("ok")]
+    )
+    async with open_runtime(
+        system_prompt=SystemPrompt(), providers={"default": provider}
+    ) as runtime:
+        child = await runtime.start_agent()
+        agent = child.value
+        agent.followup("a")
+        await agent.when_idle()
+        agent.followup("b")
+        await agent.when_idle()
+        assert (child.incarnation, child.value) == (0, agent)
+        stats = runtime.statistics().supervisor
+        assert (stats.restarts, stats.crashes) == (0, 0)
+    assert turn_end_kinds(agent.session) == ["error", "completed"]
 
 
 async def test_sibling_agent_never_notices_a_restart(

@@ -10,11 +10,13 @@ import trio
 import trio.testing
 
 from actors.agent import Agent, Tool, open_agent
+from actors.context import Policies
 from actors.prompt import (
     PERSONA_ORDER,
     PERSONA_SECTION,
     AssembleContext,
     PromptAssembly,
+    PromptContext,
     PromptSection,
     SystemPrompt,
     ToolSchema,
@@ -331,6 +333,31 @@ async def test_delegation_context_lists_running_delegations_and_goes_when_none_r
     assert prompt.statistics().contexts == 0
 
 
+async def test_delegation_context_is_ordered_at_120_after_the_policy_contexts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    prompt = SystemPrompt()
+    Policies().install(prompt)
+    prompt.context(PromptContext(name="test:119", order=119, text="just before"))
+    prompt.context(PromptContext(name="test:121", order=121, text="just after"))
+    parent_provider = ScriptedProvider([delegate("subagent", "work"), Reply.text("done")])
+    child_provider = GatedProvider(text="ok")
+    async with parent_and_subagents(prompt, parent_provider, child_provider) as (parent, subs):
+        subs.activate(SpawnProvider())
+        parent.followup("go")
+        await child_provider.wait_requests(1)
+        contexts = (await assemble_for(prompt, parent)).contexts
+        child_provider.gate.set()
+        await parent.when_idle()
+    assert [c.name for c in contexts] == [
+        "sandbox:policy",
+        "approval:policy",
+        "test:119",
+        DELEGATION_CONTEXT,
+        "test:121",
+    ]
+
+
 async def test_subagent_tool_is_absent_before_activation_and_present_after(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -371,6 +398,7 @@ async def test_subagent_tool_is_reworded_from_a_replacement_provider(
         subs.activate(ForkProvider(tool_name="delegate"))
         tool = tool_named(await assemble_for(prompt, parent), "delegate")
     assert tool is not None and "inherits this conversation" in tool.description
+    assert "state only what is new" in tool.parameters["properties"]["prompt"]["description"]
 
 
 async def test_leaving_open_subagents_removes_its_tools(

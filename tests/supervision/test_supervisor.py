@@ -49,7 +49,8 @@ async def test_transient_child_is_not_restarted_after_a_normal_exit(
         spec = ChildSpec(id="a", start=worker("a", log), restart="transient")
         child = await supervisor.start_child(spec)
         child.value.finish()
-        exit = await child.wait_stopped()
+        with trio.fail_after(1):  # a restarted child would never stop: fail, don't hang
+            exit = await child.wait_stopped()
         assert (exit.reason, exit.error) == ("normal", None)
         assert supervisor.children() == []
     assert log == ["start a", "stop a"]
