@@ -145,12 +145,12 @@ class AgentLoop:
             turns=self._turns, steps=self._steps, requests=self._requests, retries=self._retries
         )
 
-    async def _append_shielded(self, *items: EventData) -> None:
-        """Write closing events even while the turn is being cancelled."""
+    async def _append_shielded(self, *items: EventData, flush: bool = False) -> None:
+        """Write closing events even while the turn is being cancelled (durably if `flush`)."""
         with trio.CancelScope(shield=True), trio.move_on_after(WRITE_GRACE_SECONDS):
-            for data in items:
-                await self.session.append(data)
-            await self.session.flush()
+            await self.session.extend(items)
+            if flush:
+                await self.session.flush()
 
     # -- turn -------------------------------------------------------------
 
@@ -196,7 +196,7 @@ class AgentLoop:
                     on_parked()
                 self._unentered = None
             if reason is not None:
-                await self._append_shielded(TurnEnd(turn=turn, reason=reason))
+                await self._append_shielded(TurnEnd(turn=turn, reason=reason), flush=True)
         return reason
 
     async def _turn_body(self, turn: int) -> TurnEndReason:
@@ -259,15 +259,14 @@ class AgentLoop:
         self, turn: int, step: int, assembly: PromptAssembly, entered: Sequence[Message]
     ) -> TurnEndReason | None:
         """Run one entered step; returns a turn-ending reason, or None to go on."""
+        opening: list[EventData] = [StepStart(turn=turn, step=step)]
+        for message in entered:
+            if message.role != "user" or message.source is None:
+                raise TypeError(f"step {turn}.{step} entered a non-user message: {message!r}")
+            opening.append(UserMessage(content=message.content, source=message.source))
         self._steps += 1
-        await self.session.append(StepStart(turn=turn, step=step))
+        await self.session.extend(opening)
         try:
-            for message in entered:
-                if message.role != "user" or message.source is None:
-                    raise TypeError(f"step {turn}.{step} entered a non-user message: {message!r}")
-                await self.session.append(
-                    UserMessage(content=message.content, source=message.source)
-                )
             try:
                 system = render_prompt(assembly)
             except PromptError as exc:
@@ -402,8 +401,7 @@ class AgentLoop:
             )
             for block in message.tool_calls
         ]
-        for call in calls:
-            await self.session.append(call)
+        await self.session.extend(calls)
         results: list[ToolResult | None] = [None] * len(calls)
 
         async def run_one(index: int, call: ToolCallRequested) -> None:

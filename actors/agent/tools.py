@@ -38,11 +38,13 @@ class Tool:
     description: str
     parameters: Mapping[str, Any] = attrs.field(converter=_freeze_parameters)
     execute: ToolExecute
+    schema: ToolSchema = attrs.field(init=False, eq=False, repr=False)
+    """The schema the prompt registry shows the model; one object per tool, so every
+    session's assemblies (and the log codec's caches) share it."""
 
-    @property
-    def schema(self) -> ToolSchema:
-        """The schema the prompt registry shows the model."""
-        return ToolSchema(name=self.name, description=self.description, parameters=self.parameters)
+    def __attrs_post_init__(self) -> None:
+        schema = ToolSchema(name=self.name, description=self.description, parameters=self.parameters)
+        object.__setattr__(self, "schema", schema)
 
 
 def parse_arguments(raw: str) -> dict[str, Any] | str:

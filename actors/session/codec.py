@@ -8,6 +8,8 @@ unless the event is marked `ignorable`.
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -122,12 +124,38 @@ def _unstructure_tool(schema: ToolSchema) -> dict[str, Any]:
     }
 
 
+_TOOLS_TEXT_CACHE_SIZE = 64
+_tools_text_cache: OrderedDict[tuple[int, ...], tuple[tuple[ToolSchema, ...], str]] = OrderedDict()
+
+
+def _tools_text(tools: tuple[ToolSchema, ...]) -> str:
+    """The compact JSON text of a tool list, cached by the identity of its schemas.
+
+    Assemblies share frozen `ToolSchema` objects, so every session of a
+    deployment logs the same tool list; decoding one cached text is much
+    cheaper than rebuilding each schema's dicts. The cache keeps the schemas
+    alive, so an id in a key is never reused while its entry exists.
+    """
+    key = tuple(map(id, tools))
+    hit = _tools_text_cache.get(key)
+    if hit is not None:
+        _tools_text_cache.move_to_end(key)
+        return hit[1]
+    text = json.dumps(
+        [_unstructure_tool(tool) for tool in tools], separators=(",", ":"), ensure_ascii=False
+    )
+    _tools_text_cache[key] = (tools, text)
+    if len(_tools_text_cache) > _TOOLS_TEXT_CACHE_SIZE:
+        _tools_text_cache.popitem(last=False)
+    return text
+
+
 def _unstructure_header(header: RequestHeader) -> dict[str, Any]:
     out: dict[str, Any] = {"config": thaw_json(header.config)}
     if header.system:
         out["system"] = header.system
     if header.tools:
-        out["tools"] = [_unstructure_tool(tool) for tool in header.tools]
+        out["tools"] = json.loads(_tools_text(header.tools))
     return out
 
 

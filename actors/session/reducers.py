@@ -16,7 +16,8 @@ from actors.session.events import (
 from actors.session.header import RequestHeader, canonical_header
 
 
-def _message_of(event: Event) -> Message:
+def message_of(event: Event) -> Message:
+    """The model-visible message of one surface event."""
     data = event.data
     if isinstance(data, UserMessage | ToolResult):
         return data.to_message()
@@ -80,7 +81,7 @@ def surface_events(events: Sequence[Event]) -> list[Event]:
 
 def derive_messages(events: Sequence[Event]) -> list[Message]:
     """The model-visible message list rebuilt from the surface events."""
-    return [_message_of(event) for event in surface_events(events)]
+    return [message_of(event) for event in surface_events(events)]
 
 
 def fold_request_header(

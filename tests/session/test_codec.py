@@ -16,9 +16,10 @@ from actors.messages import (
     ToolCallBlock,
     ToolSource,
 )
+from actors.prompt.types import ToolSchema
 from actors.providers import Chunk, Failure, FinishChunk, GenerateRequest, Usage, UsageChunk
 from actors.session import EVENT_TYPES, SessionError, UnknownEventError
-from actors.session.codec import event_from_json, event_to_json
+from actors.session.codec import converter, event_from_json, event_to_json
 from actors.session.events import (
     AssistantChunk,
     AssistantMessage,
@@ -188,3 +189,19 @@ def test_request_json_messages_carry_tagged_sources(
 ) -> None:
     request = GenerateRequest(config={"provider": "p", "model": "m"}, messages=[message])
     assert request.to_json()["messages"][0]["source"] == expected
+
+
+def test_logged_tool_lists_are_fresh_copies_even_when_served_from_the_cache() -> None:
+    tools = (
+        ToolSchema(name="a", description="first", parameters={"type": "object", "required": ["x"]}),
+        ToolSchema(name="b", description="second ✓", parameters={}),
+    )
+    header = RequestHeader(config={"provider": "p", "model": "m"}, tools=tools)
+    first = converter.unstructure(header, RequestHeader)
+    first["tools"][0]["parameters"]["required"].append("mutated")
+    second = converter.unstructure(header, RequestHeader)
+    assert second["tools"] == [
+        {"name": "a", "description": "first", "parameters": {"type": "object", "required": ["x"]}},
+        {"name": "b", "description": "second ✓", "parameters": {}},
+    ]
+    assert second["tools"][0] is not first["tools"][0]
