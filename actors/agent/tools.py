@@ -43,7 +43,9 @@ class Tool:
     session's assemblies (and the log codec's caches) share it."""
 
     def __attrs_post_init__(self) -> None:
-        schema = ToolSchema(name=self.name, description=self.description, parameters=self.parameters)
+        schema = ToolSchema(
+            name=self.name, description=self.description, parameters=self.parameters
+        )
         object.__setattr__(self, "schema", schema)
 
 
