@@ -98,7 +98,7 @@ async def test_subscribing_while_the_service_does_not_run_raises_registry_not_ru
     service = RegistryService(system_prompt=SystemPrompt())
     with pytest.raises(RegistryNotRunningError, match="the registry service is not running"):
         async with service.subscribe():
-            pass  # pragma: no cover
+            pytest.fail("subscribed to a registry service that is not running")
 
 
 async def test_serving_twice_raises_registry_service_error(
