@@ -139,11 +139,6 @@ class Session:
     def __len__(self) -> int:
         return len(self._events)
 
-    @property
-    def last_event(self) -> Event | None:
-        """The newest event, if any."""
-        return self._events[-1] if self._events else None
-
     async def append(
         self,
         data: EventData,
