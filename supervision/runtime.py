@@ -134,6 +134,7 @@ class Runtime:
         tools: Sequence[Tool] = (),
         subagents: Sequence[SubagentProvider] = (),
         setup: Callable[[Agent], None] | None = None,
+        child_setup: Callable[[Agent], None] | None = None,
         restart: RestartType = "permanent",
     ) -> Child[Agent]:
         """Start an agent actor under the root supervisor; returns once it accepts input.
@@ -144,7 +145,9 @@ class Runtime:
         subagent providers activated. `setup(agent)` runs before the agent
         is handed out and again on every restart, so its registrations (in
         `agent.scope`) are in place before the first step of each
-        incarnation, and the previous incarnation's are gone. After a crash
+        incarnation, and the previous incarnation's are gone.
+        `child_setup(child)` runs in each subagent before its first step
+        (e.g. to shadow `deployment:persona` in the child's scope). After a crash
         the child restarts over the same session: the interrupted turn is
         closed `interrupted` and the next request logs a `resume` header.
         `child.value` is the current incarnation's `Agent`.
@@ -174,6 +177,7 @@ class Runtime:
                 tools=tuple(tools),
                 subagents=tuple(subagents),
                 setup=setup,
+                child_setup=child_setup,
             ),
             restart=restart,
         )
@@ -198,6 +202,7 @@ class Runtime:
         tools: tuple[Tool, ...],
         subagents: tuple[SubagentProvider, ...],
         setup: Callable[[Agent], None] | None,
+        child_setup: Callable[[Agent], None] | None,
     ) -> ChildStart[Agent]:
         async def start(*, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
             async with (
@@ -217,6 +222,7 @@ class Runtime:
                     provider=provider,
                     options=options,
                     tools=tools,
+                    setup=child_setup,
                 ) as children,
             ):
                 for subagent_provider in subagents:

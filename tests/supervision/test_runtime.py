@@ -11,7 +11,7 @@ import trio.testing
 
 from actors.agent import Agent, AgentOptions
 from actors.messages import UserSource
-from actors.prompt import PromptSection, SystemPrompt
+from actors.prompt import PERSONA_ORDER, PERSONA_SECTION, PromptSection, SystemPrompt
 from actors.providers import Reply, ScriptedProvider, ToolCall
 from actors.session import MemoryStore, SQLiteStore
 from actors.session.events import TurnEnd, TurnEndReason, UserMessage
@@ -385,3 +385,31 @@ async def test_sqlite_store_keeps_every_event_of_a_turn_live_at_shutdown(tmp_pat
     stored = await SQLiteStore(path).load("s1")
     assert [e.type for e in stored] == [e.type for e in agent.session.events]
     assert stored[-1].data == TurnEnd(turn=0, reason=TurnEndReason.aborted("disposed"))
+
+
+async def test_runtime_agent_children_run_the_child_setup_before_their_first_step(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    prompt = SystemPrompt(persona="deployment persona")
+
+    def child_persona(child: Agent) -> None:
+        prompt.section(
+            PromptSection(name=PERSONA_SECTION, order=PERSONA_ORDER, text="child persona"),
+            scope=child.scope,
+        )
+
+    provider = ScriptedProvider(
+        [
+            Reply.tool_calls([ToolCall(id="c1", name="subagent", arguments={"prompt": "work"})]),
+            Reply.text("worked"),
+            Reply.text("done"),
+        ]
+    )
+    async with open_runtime(system_prompt=prompt, providers={"default": provider}) as runtime:
+        child = await runtime.start_agent(subagents=[SpawnProvider()], child_setup=child_persona)
+        child.value.followup("go")
+        await child.value.when_idle()
+    parent_request, child_request, _ = provider.requests
+    assert parent_request.system is not None and "deployment persona" in parent_request.system
+    assert child_request.system is not None and "child persona" in child_request.system
+    assert "deployment persona" not in child_request.system
