@@ -27,11 +27,10 @@ from actors.providers import Chunk, GenerateRequest, Provider
 from actors.providers.actor import ProviderActor
 from actors.providers.openai_compat import OpenAICompatProvider
 from actors.providers.simulator import SimulatorEngine, serve_simulator, tokenize
-from actors.session import Event, SQLiteStore, rebuild_request
+from actors.session import Event, SQLiteStore, rebuild_request, request_attempts
 from actors.session.events import (
     AssistantMessage,
     RequestHeaderLogged,
-    RequestRetry,
     StepStart,
     ToolResult,
     UserMessage,
@@ -264,7 +263,7 @@ async def run_demo(
     sent = recorder[0].requests if recorder else []
     log = list(stored)
     rebuilt = 0
-    for (turn, step, attempt), request in zip(_attempts(log), sent, strict=False):
+    for (turn, step, attempt), request in zip(request_attempts(log), sent, strict=False):
         if _dump(rebuild_request(log, turn, step, attempt)) == _dump(request):
             rebuilt += 1
     frozen_rows = tuple(rows)
@@ -287,18 +286,6 @@ async def run_demo(
         f"from the stored log: {'OK' if report.rebuilt_all else 'MISMATCH'}"
     )
     return report
-
-
-def _attempts(log: list[Event]) -> list[tuple[int, int, int]]:
-    """(turn, step, attempt) of every request in the log, in the order they were sent."""
-    out: list[tuple[int, int, int]] = []
-    for event in log:
-        data = event.data
-        if isinstance(data, StepStart):
-            out.append((data.turn, data.step, 0))
-        elif isinstance(data, RequestRetry):
-            out.append((data.turn, data.step, data.attempt + 1))
-    return out
 
 
 def demo_api_key() -> str | None:

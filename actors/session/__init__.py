@@ -13,6 +13,7 @@ from actors.session.header import header_equals as header_equals
 from actors.session.reducers import derive_messages as derive_messages
 from actors.session.reducers import fold_request_header as fold_request_header
 from actors.session.replay import rebuild_request as rebuild_request
+from actors.session.replay import request_attempts as request_attempts
 from actors.session.session import Session as Session
 from actors.session.sqlite_store import SQLiteStore as SQLiteStore
 from actors.session.store import MemoryStore as MemoryStore

@@ -54,6 +54,38 @@ def _request_was_sent(events: list[Event], start: int, end: int, turn: int) -> b
     return True
 
 
+def _step_end(events: list[Event], start: int) -> int:
+    """Index just past the step opened at `events[start]` (its `step/end`, or the log's end)."""
+    return next(
+        (
+            i
+            for i in range(start + 1, len(events))
+            if isinstance(events[i].data, StepEnd | StepStart)
+        ),
+        len(events),
+    )
+
+
+def request_attempts(events: Sequence[Mapping[str, Any] | Event]) -> list[tuple[int, int, int]]:
+    """`(turn, step, attempt)` of every request the log says was sent, in sending order.
+
+    A step whose system text failed to render sent nothing and is left out;
+    each `request/retry` marks one more attempt of its step. These are
+    exactly the arguments under which `rebuild_request` succeeds.
+    """
+    log = _events(events)
+    out: list[tuple[int, int, int]] = []
+    for start, event in enumerate(log):
+        data = event.data
+        if not isinstance(data, StepStart):
+            continue
+        end = _step_end(log, start)
+        if _request_was_sent(log, start, end, data.turn):
+            attempts = len(_attempt_starts(log, start, end))
+            out.extend((data.turn, data.step, attempt) for attempt in range(attempts))
+    return out
+
+
 def rebuild_request(
     events: Sequence[Mapping[str, Any] | Event], turn: int, step: int, attempt: int = -1
 ) -> GenerateRequest:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from actors.agent import AgentOptions, RetryPolicy, Tool, open_agent
 from actors.prompt import PromptContext, PromptSection, SystemPrompt
 from actors.providers import GenerateRequest, Reply, ScriptedProvider, ToolCall
-from actors.session import SessionError, rebuild_request
+from actors.session import SessionError, rebuild_request, request_attempts
 from tests.agent.helpers import FlushHookStore, compact_surface
 
 
@@ -96,6 +96,7 @@ def test_rebuild_request_equals_what_the_provider_received(
         events = json.loads(json.dumps(agent.session.to_json()))
         sent = attempts_by_step(events)
         assert len(sent) == len(provider.requests)
+        assert request_attempts(events) == sent
         for (turn, step, attempt), received in zip(sent, provider.requests, strict=True):
             assert dump(rebuild_request(events, turn, step, attempt)) == dump(received)
         last_turn, last_step, _ = sent[-1]
@@ -259,3 +260,13 @@ async def test_rebuild_refuses_an_attempt_cancelled_during_its_retry_wait(
     assert len(provider.requests) == 1
     with pytest.raises(SessionError, match="attempt 1 does not exist"):
         rebuild_request(agent.session.to_json(), 0, 0, 1)
+
+
+async def test_request_attempts_leave_out_a_step_whose_system_text_never_rendered() -> None:
+    prompt = SystemPrompt(persona="{{missing}}")
+    provider = ScriptedProvider([Reply.text("x")])
+    async with open_agent(system_prompt=prompt, provider=provider) as agent:
+        agent.followup("hi")
+        await agent.when_idle()
+    assert request_attempts(agent.session.to_json()) == []
+    assert provider.requests == []
