@@ -89,6 +89,19 @@ def freeze_json(value: JSONValue, *, where: str = "value") -> JSONValue:
     raise TypeError(f"{where} holds {type(value).__name__}, which is not JSON-like")
 
 
+def freeze_object(value: Mapping[str, Any], *, where: str) -> Mapping[str, Any]:
+    """`freeze_json` for a value that must be a JSON object.
+
+    Raises:
+        TypeError: `value` is not a JSON object of JSON-like values; the
+            message names the path inside `where`.
+    """
+    frozen = freeze_json(value, where=where)
+    if not isinstance(frozen, Mapping):
+        raise TypeError(f"{where} must be a JSON object, got {type(value).__name__}")
+    return frozen
+
+
 def thaw_json(value: JSONValue) -> JSONValue:
     """Return a fresh, fully mutable deep copy (dicts and lists) of a JSON-like value."""
     if isinstance(value, FrozenDict):

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from actors.jsonvalue import freeze_json
+from actors.jsonvalue import freeze_object
 from actors.providers.chunks import Failure
 
 
@@ -46,8 +46,7 @@ class RetryPolicy:
 
 
 def _freeze_extra(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    frozen: Mapping[str, Any] = freeze_json(value, where="extra")
-    return frozen
+    return freeze_object(value, where="extra")
 
 
 @attrs.frozen  # positional, as DESIGN §8 writes AgentOptions(...)

@@ -8,7 +8,6 @@ from typing import Any
 
 import attrs
 
-from actors.jsonvalue import freeze_json
 from actors.prompt.types import AssembleContext, ToolProviderResult, ToolSchema
 from actors.session.events import ToolCallRequested, ToolError, ToolResult
 
@@ -21,11 +20,6 @@ class ToolRegistryError(ValueError):
     """A tool registry was given a duplicate or malformed tool."""
 
 
-def _freeze_parameters(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    frozen: Mapping[str, Any] = freeze_json(value, where="parameters")
-    return frozen
-
-
 @attrs.frozen  # positional, as DESIGN §8 writes Tool(...)
 class Tool:
     """A tool: its model-facing schema and the coroutine that runs it.
@@ -36,17 +30,20 @@ class Tool:
 
     name: str
     description: str
-    parameters: Mapping[str, Any] = attrs.field(converter=_freeze_parameters)
+    parameters: Mapping[str, Any]
     execute: ToolExecute
     schema: ToolSchema = attrs.field(init=False, eq=False, repr=False)
     """The schema the prompt registry shows the model; one object per tool, so every
     session's assemblies (and the log codec's caches) share it."""
 
     def __attrs_post_init__(self) -> None:
+        # The schema snapshots (and validates) the parameters; the tool keeps
+        # that same immutable snapshot, so both always agree.
         schema = ToolSchema(
             name=self.name, description=self.description, parameters=self.parameters
         )
         object.__setattr__(self, "schema", schema)
+        object.__setattr__(self, "parameters", schema.parameters)
 
 
 def parse_arguments(raw: str) -> dict[str, Any] | str:

@@ -7,14 +7,13 @@ from typing import Any
 
 import attrs
 
-from actors.jsonvalue import freeze_json
+from actors.jsonvalue import freeze_object
 from actors.messages import Message
 from actors.prompt.types import ToolSchema
 
 
 def _freeze_config(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    frozen: Mapping[str, Any] = freeze_json(value, where="config")
-    return frozen
+    return freeze_object(value, where="config")
 
 
 def _tools(value: Iterable[ToolSchema]) -> tuple[ToolSchema, ...]:

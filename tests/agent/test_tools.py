@@ -7,7 +7,7 @@ import trio
 
 from actors.agent import Tool, ToolRegistry, open_agent
 from actors.agent.tools import ToolRegistryError
-from actors.prompt import SystemPrompt
+from actors.prompt import PromptError, SystemPrompt
 from actors.providers import Reply, ScriptedProvider, ToolCall
 from actors.session.events import ToolCallRequested
 from tests.agent.helpers import data_of, turn_end_kinds, types
@@ -220,3 +220,24 @@ async def test_one_failing_tool_does_not_affect_its_siblings() -> None:
     results = data_of(agent.session, "tool/result")
     assert [(r.content, r.is_error) for r in results] == [("bad input", True), ("fine", False)]
     assert turn_end_kinds(agent.session) == ["completed"]
+
+
+def test_tool_parameters_are_a_detached_snapshot_shared_with_its_schema() -> None:
+    async def noop(arguments: dict[str, object] | str, call: object) -> str:
+        return ""
+
+    parameters: dict[str, object] = {"type": "object", "required": ["path"]}
+    tool = Tool(name="read", description="d", parameters=parameters, execute=noop)
+    parameters["required"] = ["changed"]
+    assert tool.parameters == {"type": "object", "required": ("path",)}
+    assert tool.parameters is tool.schema.parameters
+    with pytest.raises(TypeError):
+        tool.parameters["type"] = "array"  # type: ignore[index]
+
+
+def test_tool_with_non_json_parameters_raises_naming_the_tool() -> None:
+    async def noop(arguments: dict[str, object] | str, call: object) -> str:
+        return ""
+
+    with pytest.raises(PromptError, match="tool 'read'"):
+        Tool(name="read", description="d", parameters={"default": object()}, execute=noop)

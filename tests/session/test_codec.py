@@ -205,3 +205,8 @@ def test_logged_tool_lists_are_fresh_copies_even_when_served_from_the_cache() ->
         {"name": "b", "description": "second ✓", "parameters": {}},
     ]
     assert second["tools"][0] is not first["tools"][0]
+
+
+def test_a_request_header_config_must_be_a_json_object() -> None:
+    with pytest.raises(TypeError, match="config must be a JSON object"):
+        RequestHeader(config=["provider", "model"])  # type: ignore[arg-type]
