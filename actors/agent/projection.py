@@ -14,12 +14,11 @@ from collections.abc import Sequence
 
 import attrs
 
+from actors.agent.retained import SNAPSHOT_FORM, RetainedPluginMessage
 from actors.messages import RUNTIME_CONTEXT_PLUGIN, Message, PluginSource
 from actors.prompt.types import AssembledContext
-from actors.session.events import Event, UserMessage
 from actors.session.session import Session
 
-SNAPSHOT_FORM = "snapshot"
 TOMBSTONE_TEXT = "Current runtime context: none. Earlier runtime-context snapshots no longer apply."
 
 
@@ -50,58 +49,23 @@ def tombstone_message() -> Message:
 class RuntimeContextProjection:
     """Decides, per step, whether the runtime context needs a new message.
 
-    `catch_up(session)` reads the events appended since its last call
-    (whoever appended them), so the projection keeps the newest retained
-    runtime-context text at O(new events) per step and rescans the surface
-    only after a replacement (compaction) removed the retained snapshot.
+    It follows the newest runtime-context message the surface retains
+    (`catch_up(session)` reads only the events appended since its last call,
+    whoever appended them), so a step costs O(new events), and a compaction
+    that removed the retained snapshot makes the next step re-assert it.
     """
 
-    _retained: str | None = attrs.field(default=None, init=False)
-    _retained_seq: int | None = attrs.field(default=None, init=False)
-    _seen: int = attrs.field(default=0, init=False)
+    _retained: RetainedPluginMessage = attrs.field(
+        factory=lambda: RetainedPluginMessage(plugin=RUNTIME_CONTEXT_PLUGIN), init=False
+    )
 
     def catch_up(self, session: Session) -> None:
         """Observe every event appended to `session` since the last call."""
-        events = session.events_since(self._seen)
-        self._seen += len(events)
-        for event in events:
-            if self._observe(event):
-                self.reset(session.surface_events())
-
-    def reset(self, surface: Sequence[Event]) -> None:
-        """Recompute the retained snapshot from the current surface events."""
-        self._retained = None
-        self._retained_seq = None
-        for event in reversed(surface):
-            data = event.data
-            if isinstance(data, UserMessage) and is_runtime_context(data.to_message()):
-                self._remember(event, data)
-                return
-
-    def _observe(self, event: Event) -> bool:
-        """Track a newly appended event; returns True when a rescan is needed."""
-        data = event.data
-        if event.surface_op == "replace":
-            return self._retained_seq is not None and self._retained_seq in (
-                event.source_event_seqs or ()
-            )
-        if isinstance(data, UserMessage) and is_runtime_context(data.to_message()):
-            self._remember(event, data)
-        return False
+        self._retained.catch_up(session)
 
     def propose(self, text: str, sections: Sequence[AssembledContext]) -> Message | None:
         """The message this step should add, or None when history already says it."""
+        retained = self._retained.snapshot_text
         if text:
-            if text == self._retained:
-                return None
-            return snapshot_message(text, sections)
-        if self._retained:
-            return tombstone_message()
-        return None
-
-    def _remember(self, event: Event, data: UserMessage) -> None:
-        message = data.to_message()
-        source = message.source
-        is_snapshot = isinstance(source, PluginSource) and source.form == SNAPSHOT_FORM
-        self._retained = message.text if is_snapshot else ""
-        self._retained_seq = event.seq
+            return None if text == retained else snapshot_message(text, sections)
+        return tombstone_message() if retained else None
