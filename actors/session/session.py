@@ -15,16 +15,21 @@ from actors.messages import Message
 from actors.session.codec import event_to_json
 from actors.session.errors import SessionError
 from actors.session.events import (
+    AssistantMessage,
     Event,
     EventData,
     StepEnd,
     StepStart,
+    ToolCallRequested,
+    ToolError,
+    ToolResult,
     TurnEnd,
     TurnEndReason,
     TurnStart,
     type_of,
 )
 from actors.session.header import RequestHeader
+from actors.session.lease import Lease
 from actors.session.reducers import (
     derive_messages,
     fold_request_header,
@@ -38,6 +43,12 @@ _Draft = tuple[EventData, str, Literal["replace"] | None, Sequence[int] | None, 
 
 WallClock = Callable[[], int]
 """Returns the wall-clock time in epoch milliseconds."""
+
+INTERRUPTED_TOOL_RESULT = (
+    "The tool call was interrupted by a restart before it returned a result; "
+    "it may or may not have taken effect."
+)
+"""The content of the error `tool/result` that resume gives an unanswered call."""
 
 
 def system_clock_ms() -> int:
@@ -59,11 +70,16 @@ class Session:
     `flush` waits until everything appended so far is durable. The
     model-visible message list is maintained incrementally, so deriving it
     costs the same at turn 1 and turn 500.
+
+    With a `lease` (see `SessionStore.acquire_lease`) every write carries its
+    epoch, so the store refuses them once another writer took the session
+    over (`SessionFencedError`).
     """
 
     id: str
     store: SessionStore
     clock: WallClock = system_clock_ms
+    lease: Lease | None = attrs.field(default=None, kw_only=True)
     _events: list[Event] = attrs.field(factory=list, alias="events")
     _surface: list[Message] = attrs.field(factory=list, init=False)
     _watchers: list[trio.MemorySendChannel[Event]] = attrs.field(factory=list, init=False)
@@ -79,29 +95,41 @@ class Session:
         session_id: str | None = None,
         *,
         clock: WallClock = system_clock_ms,
+        lease: Lease | None = None,
     ) -> Session:
-        """A new, empty session registered in `store`.
+        """A new, empty session registered in `store`, written under `lease` if given.
 
         Raises:
             SessionExistsError: `session_id` is already stored.
         """
         sid = session_id or new_session_id()
         await store.create(sid)
-        return cls(id=sid, store=store, clock=clock)
+        return cls(id=sid, store=store, clock=clock, lease=lease)
 
     @classmethod
     async def load(
-        cls, store: SessionStore, session_id: str, *, clock: WallClock = system_clock_ms
+        cls,
+        store: SessionStore,
+        session_id: str,
+        *,
+        clock: WallClock = system_clock_ms,
+        lease: Lease | None = None,
     ) -> Session:
-        """The stored session `session_id`, its events restored exactly.
+        """The stored session `session_id`, its events restored exactly, written under `lease`.
 
-        A turn left open by a crash is closed: an open step gets `step/end`
-        and the turn `turn/end` with reason `interrupted`; earlier events are
-        never altered.
+        A turn left open by a crash is closed so that the conversation stays
+        valid for any OpenAI-compatible server: every tool call of the turn
+        without a result gets an error `tool/result` (`Interrupted`,
+        code `interrupted`; a call the model asked for but whose `tool/call`
+        was never logged gets that first), an open step gets `step/end`, and
+        the turn `turn/end` with reason `interrupted`, durably. Earlier
+        events are never altered. Resume under the session's lease, or the
+        repair could close another live writer's turn (it is refused then).
 
         Raises:
             UnknownSessionError: the store has no such session.
-            SessionError: a stored event cannot be decoded.
+            SessionError: a stored event cannot be decoded, or the repair
+                cannot be written.
         """
         events = await store.load(session_id)
         for expected, event in enumerate(events):
@@ -110,7 +138,7 @@ class Session:
                     f"session {session_id!r}: stored event {event.type} has seq {event.seq}, "
                     f"expected {expected}"
                 )
-        session = cls(id=session_id, store=store, clock=clock, events=events)
+        session = cls(id=session_id, store=store, clock=clock, events=events, lease=lease)
         await session._close_interrupted_turn()
         return session
 
@@ -121,11 +149,12 @@ class Session:
         session_id: str | None = None,
         *,
         clock: WallClock = system_clock_ms,
+        lease: Lease | None = None,
     ) -> Session:
         """Load `session_id` when the store has it, else create it (or a fresh id)."""
         if session_id is not None and await store.exists(session_id):
-            return await cls.load(store, session_id, clock=clock)
-        return await cls.create(store, session_id, clock=clock)
+            return await cls.load(store, session_id, clock=clock, lease=lease)
+        return await cls.create(store, session_id, clock=clock, lease=lease)
 
     @property
     def events(self) -> Sequence[Event]:
@@ -199,7 +228,7 @@ class Session:
             replaces = any(event.surface_op is not None for event in events)
             if replaces:
                 surface = derive_messages([*self._events, *events])
-            await self.store.append(self.id, events)
+            await self.store.append(self.id, events, lease=self.lease)
             self._events.extend(events)
             if replaces:
                 self._surface = surface
@@ -243,8 +272,13 @@ class Session:
             send.close()
 
     async def flush(self) -> None:
-        """Return once every event appended so far is durable."""
-        await self.store.flush()
+        """Return once every event appended so far is durable.
+
+        Raises:
+            SessionFencedError: another writer took the session's lease over.
+            SessionError: an appended event of this session is not durable.
+        """
+        await self.store.flush(self.id)
 
     def derive_messages(self) -> list[Message]:
         """The model-visible messages, rebuilt from the surface events (a fresh list)."""
@@ -326,6 +360,10 @@ class Session:
         turn = self.open_turn()
         if turn is None:
             return
+        start = max(
+            e.seq for e in self._events if isinstance(e.data, TurnStart) and e.data.turn == turn
+        )
+        repairs: list[EventData] = [*_unanswered_calls(self._events[start:])]
         open_step: StepStart | None = None
         for event in reversed(self._events):
             if isinstance(event.data, StepEnd):
@@ -336,6 +374,46 @@ class Session:
             if isinstance(event.data, TurnStart):
                 break
         if open_step is not None:
-            await self.append(StepEnd(turn=open_step.turn, step=open_step.step))
-        await self.append(TurnEnd(turn=turn, reason=TurnEndReason(kind="interrupted")))
+            repairs.append(StepEnd(turn=open_step.turn, step=open_step.step))
+        repairs.append(TurnEnd(turn=turn, reason=TurnEndReason(kind="interrupted")))
+        await self.extend(repairs)
         await self.flush()
+
+
+def _unanswered_calls(turn_events: Sequence[Event]) -> list[EventData]:
+    """For each tool call of a cut-off turn without a result: its `tool/call` if missing, then an
+    `Interrupted` error `tool/result` (so every call the model made is answered, in its order)."""
+    logged = {e.data.call_id for e in turn_events if isinstance(e.data, ToolCallRequested)}
+    answered = {e.data.call_id for e in turn_events if isinstance(e.data, ToolResult)}
+    missing: list[EventData] = []
+    calls: list[ToolCallRequested] = []
+    for event in turn_events:
+        data = event.data
+        if isinstance(data, AssistantMessage) and event.surface_op is None:
+            for block in data.message.tool_calls:
+                if block.id not in logged:
+                    call = ToolCallRequested(
+                        turn=data.turn,
+                        step=data.step,
+                        call_id=block.id,
+                        name=block.name,
+                        arguments=block.arguments,
+                    )
+                    missing.append(call)
+                    calls.append(call)
+                    logged.add(block.id)
+        elif isinstance(data, ToolCallRequested):
+            calls.append(data)
+    results: list[EventData] = [
+        ToolResult(
+            turn=call.turn,
+            step=call.step,
+            call_id=call.call_id,
+            content=INTERRUPTED_TOOL_RESULT,
+            is_error=True,
+            error=ToolError(name="Interrupted", code="interrupted"),
+        )
+        for call in calls
+        if call.call_id not in answered
+    ]
+    return [*missing, *results]
