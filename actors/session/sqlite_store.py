@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from actors.session.codec import event_from_json, event_to_json
+from actors.session.durability import DurableMarks
 from actors.session.errors import SessionError
 from actors.session.events import Event
 from actors.session.store import SessionExistsError, UnknownSessionError
@@ -118,6 +119,7 @@ class SQLiteStore:
     _schema_ready: bool = attrs.field(default=False, init=False)
     _next_seq: dict[str, int] = attrs.field(factory=dict, init=False)
     _unconfirmed: set[_Append] = attrs.field(factory=set, init=False)
+    _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
     _commits: int = attrs.field(default=0, init=False)
     _events_written: int = attrs.field(default=0, init=False)
     _largest_batch: int = attrs.field(default=0, init=False)
@@ -202,6 +204,7 @@ class SQLiteStore:
         rows = await trio.to_thread.run_sync(self._select_events, session_id)
         events = [_decode(session_id, seq, text) for seq, text in rows]
         self._next_seq.setdefault(session_id, len(events))
+        self._marks.advance(session_id, len(events) - 1)
         return events
 
     async def append(self, session_id: str, events: Sequence[Event]) -> None:
@@ -270,6 +273,21 @@ class SQLiteStore:
             SessionError: the database cannot be opened or read.
         """
         return await trio.to_thread.run_sync(self._select_session_ids)
+
+    def durable_seq(self, session_id: str) -> int:
+        """The newest seq of `session_id` committed or loaded by this store; -1 when none."""
+        return self._marks.seq(session_id)
+
+    async def wait_durable(self, session_id: str, seq: int) -> None:
+        """Return once the writer committed `seq` of `session_id`.
+
+        Woken by the commit itself (no polling). Cancellation: cancellable;
+        the append is committed regardless.
+
+        Raises:
+            SessionError: an accepted append of the session failed to commit.
+        """
+        await self._marks.wait(session_id, seq)
 
     def statistics(self) -> SQLiteStoreStatistics:
         """The writer's queue and commit counters, now."""
@@ -398,8 +416,11 @@ class SQLiteStore:
             request.done.set()
             if error is None:
                 self._unconfirmed.discard(request)
+                if request.rows:
+                    self._marks.advance(request.session_id, request.rows[-1][1])
             else:
                 self._unconfirmed.add(request)
+                self._marks.fail(request.session_id, error)
         if error is None and batch:
             self._commits += 1
             self._events_written += sum(len(request.rows) for request in batch)
