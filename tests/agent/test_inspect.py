@@ -11,8 +11,8 @@ from actors.agent.decisions import PreStepNext, StepDecision, StepProposal
 from actors.agent.inspect import GLOBAL_SCOPE, LISTENER_SCOPE
 from actors.prompt import (
     PERSONA_SECTION,
-    AssembledSection,
     AssembleContext,
+    AssembledSection,
     NextListener,
     PromptAssembly,
     PromptContext,
