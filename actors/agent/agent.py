@@ -13,6 +13,7 @@ import trio
 
 from actors.agent.decisions import PreStepListener, RequestErrorListener
 from actors.agent.inbox import Inbox, InboxStatistics
+from actors.agent.inspect import StepInspection, inspect_next_step
 from actors.agent.loop import WRITE_GRACE_SECONDS, AbortCause, AgentLoop, LoopStatistics
 from actors.agent.options import AgentOptions
 from actors.agent.tools import Tool, ToolRegistry
@@ -181,6 +182,21 @@ class Agent:
         return self.scope.own(
             Registration(remove=lambda: self._loop.request_error.remove(listener))
         )
+
+    # -- inspection -------------------------------------------------------
+
+    async def inspect_next_step(self) -> StepInspection:
+        """A dry run of the next step's assembly: the header, sections, tools, contexts, variables.
+
+        Nothing is logged, no provider is called and no `pre_step` listener
+        runs; each section, context and tool names the scope it came from.
+        Cancellation: cancellable; nothing is changed.
+
+        Raises:
+            PromptError: the assembly failed (the message names the section,
+                variable or tool).
+        """
+        return await inspect_next_step(self._loop)
 
     # -- waiting and statistics --------------------------------------------
 
