@@ -463,3 +463,13 @@ async def test_bad_stream_options_are_refused() -> None:
     body = chat_body([USER], stream_options={"include_usage": "yes"})
     error = await _error(SimulatorEngine(), body, 422)
     assert "stream_options: invalid type" in error["message"]
+
+
+async def test_a_rules_reasoning_follows_the_mode() -> None:
+    rules = {"rules": [{"reply": {"text": "t", "reasoning": "mine"}}, {"reply": {"text": "u"}}]}
+    engine = SimulatorEngine(SimulatorConfig(script=rules))
+    assert "reasoning_content" not in _message(await _completion(engine, _plain([USER])))
+    thinking = _plain([USER], model="deepseek-reasoner")
+    assert _message(await _completion(engine, thinking))["reasoning_content"] == "mine"
+    bare = SimulatorEngine(SimulatorConfig(script={"rules": [{"reply": {"text": "u"}}]}))
+    assert _message(await _completion(bare, thinking))["reasoning_content"]

@@ -28,6 +28,7 @@ from actors.providers.simulator.model import (
     ReplyScript,
     SimReply,
     call_id,
+    default_reasoning,
     deterministic_reply,
     tool_call_json,
 )
@@ -78,9 +79,12 @@ def compose_answer(
     """
     prompt = render_prompt(chat.tools, _as_seen(chat.messages, chat.thinking))
     seed = hashlib.sha256("".join(prompt).encode()).digest()
+    ruled = script.reply_for(chat.messages) if script is not None else None
+    if ruled is not None:
+        ruled = attrs.evolve(ruled, reasoning=_reasoning_in_mode(ruled, chat))
     reply = (
         replies.take()
-        or (script.reply_for(chat.messages) if script is not None else None)
+        or ruled
         or deterministic_reply(
             chat.messages,
             thinking=chat.thinking,
@@ -129,6 +133,13 @@ def compose_answer(
         finish=finish,
         usage=usage,
     )
+
+
+def _reasoning_in_mode(reply: SimReply, chat: Chat) -> str:
+    """A scripted rule's reasoning as the mode allows: none without thinking, some with it."""
+    if not chat.thinking:
+        return ""
+    return reply.reasoning or default_reasoning(chat.messages)
 
 
 def _until_stop(text: str, stop: tuple[str, ...]) -> str:

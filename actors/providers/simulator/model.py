@@ -178,9 +178,7 @@ def deterministic_reply(
     """
     tail = since_last_assistant(messages)
     text = "\n".join(content_text(m.get("content")) for m in tail if m["role"] == "user")
-    reasoning = ""
-    if thinking:
-        reasoning = f"The new input has {len(text.split())} words; I will answer it directly."
+    reasoning = default_reasoning(messages) if thinking else ""
     results = [message for message in tail if message["role"] == "tool"]
     lines = [] if results else _call_lines(text, seed, choice)
     calls = _forced(lines, tools, choice, seed)
@@ -190,6 +188,13 @@ def deterministic_reply(
     if json_mode:
         answer = json.dumps({"text": answer}, ensure_ascii=False)
     return SimReply(reasoning=reasoning, text=answer)
+
+
+def default_reasoning(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The built-in model's reasoning text for validated `messages`, in thinking mode."""
+    tail = since_last_assistant(messages)
+    text = "\n".join(content_text(m.get("content")) for m in tail if m["role"] == "user")
+    return f"The new input has {len(text.split())} words; I will answer it directly."
 
 
 def _call_lines(text: str, seed: bytes, choice: ToolChoice) -> list[SimToolCall]:

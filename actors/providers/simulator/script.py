@@ -16,7 +16,9 @@ deterministic model answers. The JSON form, e.g. for `harness simulator
 holds tool results) or `"any"` (the default); `when.contains` is a
 substring the new input's text must hold. `reply` takes `text`,
 `reasoning`, `tool_calls` (each `name`, `arguments` as an object or a
-string sent verbatim, optional `id`) and `finish_reason`.
+string sent verbatim, optional `id`) and `finish_reason`. A rule's
+reasoning is sent only in thinking mode, where a rule without one gets the
+built-in model's.
 """
 
 from __future__ import annotations
