@@ -18,7 +18,8 @@ The simulator runs in this process (one Trio loop), so healthy latency
 includes the simulator's own CPU; the ratio to the no-fault run is what
 matters.
 
-Run: .venv/bin/python benchmarks/fault_matrix.py [--healthy 20] [--runs 1]
+Run: .venv/bin/python benchmarks/fault_matrix.py [--healthy 20] [--runs 1] [--max-stalled 16]
+     [--read-idle 0.5] [--no-data 1.0] [--only "16 stalls at once"]
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Clocks:
     no_data: float = 1.0
     keepalive_interval: float = 0.2
     stall_after: float = 0.1
+    max_stalled: int = 16
     base_delay_ms: int = 100
     jitter: float = 0.2
     retry_after: int = 1
@@ -285,7 +287,7 @@ async def run_matrix(
             name="sim",
             factory=factory,
             max_in_flight=max_in_flight,
-            stall=StallPolicy(stall_after=clocks.stall_after),
+            stall=StallPolicy(stall_after=clocks.stall_after, max_stalled=clocks.max_stalled),
         )
         await nursery.start(actor.serve)
         stop = trio.Event()
@@ -350,12 +352,13 @@ def _row(scenario: Scenario, run: MatrixRun, baseline: MatrixRun) -> dict[str, A
     }
 
 
-async def main(healthy: int, runs: int) -> list[dict[str, Any]]:
+async def main(healthy: int, runs: int, clocks: Clocks, only: str | None) -> list[dict[str, Any]]:
     """Run each scenario beside `healthy` sessions, `runs` times, with a baseline each."""
-    clocks = Clocks()
     rows: list[dict[str, Any]] = []
     for _ in range(runs):
         for scenario in scenarios(clocks):
+            if only is not None and scenario.name != only:
+                continue
             run = await run_matrix([scenario], clocks=clocks, healthy=healthy)
             baseline = await run_matrix(
                 [], clocks=clocks, healthy=healthy, min_duration=run.duration
@@ -378,16 +381,23 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--healthy", type=int, default=20, help="healthy sessions")
     parser.add_argument("--runs", type=int, default=1, help="repetitions of the matrix")
+    parser.add_argument(
+        "--max-stalled", type=int, default=16, help="stall budget (0: a plain in-flight cap)"
+    )
+    parser.add_argument("--read-idle", type=float, default=0.5, help="adapter read-idle s")
+    parser.add_argument("--no-data", type=float, default=1.0, help="adapter no-data bound s")
+    parser.add_argument("--only", help="run only the scenario of this name")
     args = parser.parse_args()
+    clocks = Clocks(max_stalled=args.max_stalled, read_idle=args.read_idle, no_data=args.no_data)
     print(
         f"{'fault':<22} {'n':>3} {'outcome':<16} {'worst s':>7} {'bound':>6} {'':<4} "
         f"{'turns':>6} {'fail':>4} {'p50 ms':>8} {'p99 ms':>8} {'base p99':>8} {'ratio':>6}"
     )
-    results = trio.run(main, args.healthy, args.runs)
+    results = trio.run(main, args.healthy, args.runs, clocks, args.only)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         json.dumps(
-            {"healthy": args.healthy, "clocks": attrs.asdict(Clocks()), "rows": results}, indent=2
+            {"healthy": args.healthy, "clocks": attrs.asdict(clocks), "rows": results}, indent=2
         )
         + "\n"
     )
