@@ -23,7 +23,7 @@ from supervision.gateway import AgentProfile, Gateway, Token, open_gateway
 from supervision.runtime import open_runtime
 
 SECRET = "test-secret"
-ALL = Token(secret=SECRET, name="all")
+ALL = Token(secret=SECRET, name="full-access")
 AUTH = [("Authorization", f"Bearer {SECRET}")]
 
 
