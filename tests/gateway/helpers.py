@@ -96,6 +96,8 @@ class RpcClient:
     _answers: dict[Any, dict[str, Any]] = attrs.field(factory=dict)
     _arrived: trio.Event = attrs.field(factory=trio.Event)
     frames: list[Any] = attrs.field(factory=list)
+    log_events: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict)
+    log_event_count: int = 0
 
     async def send(self, message: Any) -> None:
         await self.ws.send_message(message if isinstance(message, str) else json.dumps(message))
@@ -111,6 +113,10 @@ class RpcClient:
     def _file(self, value: Any) -> None:
         self.frames.append(value)
         for message in value if isinstance(value, list) else [value]:
+            if message.get("method") == "_harness/log/event":
+                params = message["params"]
+                self.log_events.setdefault(params["sessionId"], []).append(params["event"])
+                self.log_event_count += 1
             if "method" in message:
                 self.notifications.append(message)
             else:
@@ -138,6 +144,13 @@ class RpcClient:
         if "error" in answer:
             raise AssertionError(f"{method} failed: {answer['error']}")
         return answer["result"]
+
+    async def wait_for_log_events(self, count: int) -> None:
+        """Wait until `count` log events arrived in all."""
+        while self.log_event_count < count:
+            if self.ws.closed is not None:
+                raise trio_websocket.ConnectionClosed(self.ws.closed)
+            await self._arrived.wait()
 
     async def wait_for(self, predicate: Any) -> dict[str, Any]:
         while True:
