@@ -47,7 +47,10 @@ COMMAND_GROUPS: tuple[Register, ...] = (
 
 def _demo(args: argparse.Namespace) -> int:
     report = trio.run(lambda: run_demo(store_path=args.store, api_key=demo_api_key()))
-    return EXIT_OK if report.rebuilt_all else EXIT_FAILED
+    if not report.ok:
+        print(f"harness demo: {report.failure or 'a request was not rebuilt'}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def _simulator(args: argparse.Namespace) -> int:
