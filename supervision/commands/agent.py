@@ -1,4 +1,4 @@
-"""Commands that run an agent of the deployment in this process: `run`.
+"""Commands that run an agent of the deployment in this process: `run`, `inspect`.
 
 They start the deployment the config describes (its secrets are read first,
 so a missing key fails before anything starts) over the store, then drive
@@ -14,10 +14,12 @@ from typing import Any
 import trio
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
-from actors.agent import Agent
+from actors.agent import Agent, StepInspection
 from actors.providers.chunks import ReasoningDelta, TextDelta
 from actors.session import Event, event_to_json
+from actors.session.codec import unstructure_tools
 from actors.session.events import (
     AssistantChunk,
     AssistantMessage,
@@ -43,7 +45,7 @@ from supervision.supervisor import ChildStartError
 
 
 def register(commands: Commands) -> None:
-    """Add `run` to the `harness` parser."""
+    """Add `run` and `inspect` to the `harness` parser."""
     run = commands.add_parser(
         "run",
         help="run one turn: the reply streams as it arrives, tool calls show as they happen",
@@ -55,15 +57,30 @@ def register(commands: Commands) -> None:
     add_json_option(run)
     run.set_defaults(handler=run_command)
 
+    inspect = commands.add_parser(
+        "inspect",
+        help="what the session's next step would send (sections with their scope, tools, "
+        "contexts), as a dry run",
+    )
+    inspect.add_argument("session", help="session id")
+    inspect.add_argument(
+        "--agent", default=DEFAULT_AGENT, help="the profile to open it with (default: default)"
+    )
+    add_config_options(inspect)
+    add_json_option(inspect)
+    inspect.set_defaults(handler=inspect_command)
 
-async def start(deployment: Deployment, profile: str, session_id: str | None) -> Agent:
+
+async def start(
+    deployment: Deployment, profile: str, session_id: str | None, *, must_exist: bool = False
+) -> Agent:
     """Start an agent of `profile` (resuming `session_id`, which must exist).
 
     Raises:
         CommandError: the session does not exist or could not be opened.
     """
     store = deployment.runtime.store
-    if session_id is not None and not await store.exists(session_id):
+    if (session_id is not None or must_exist) and not await store.exists(session_id or ""):
         raise CommandError(
             f"unknown session {session_id!r}; `harness sessions` lists the stored ones "
             "(omit --session to start a new one)"
@@ -166,6 +183,77 @@ def run_command(args: argparse.Namespace) -> int:
         f"harness: turn {turn} of session {session_id} ended {reason_line(reason)}", file=sys.stderr
     )
     return EXIT_FAILED
+
+
+def inspection_json(inspection: StepInspection) -> dict[str, Any]:
+    """The inspection in the shape of `_harness/prompt/inspect`'s result (plus `shadows`)."""
+    header = inspection.header
+    out_header: dict[str, Any] = {"config": dict(header.config)}
+    if header.system:
+        out_header["system"] = header.system
+    if header.tools:
+        out_header["tools"] = unstructure_tools(header.tools)
+    return {
+        "header": out_header,
+        "headerChanged": inspection.header_changed,
+        "sections": [
+            {
+                "name": s.name,
+                "order": s.order,
+                "scope": s.scope,
+                "shadows": list(s.shadows),
+                "complete": s.complete,
+                "bytes": s.bytes,
+                "sha256": s.sha256,
+            }
+            for s in inspection.sections
+        ],
+        "tools": [{"name": t.name, "scope": t.scope} for t in inspection.tools],
+        "contexts": [
+            {"name": c.name, "order": c.order, "scope": c.scope, "text": c.text}
+            for c in inspection.contexts
+        ],
+        "variables": dict(inspection.variables),
+    }
+
+
+def inspect_command(args: argparse.Namespace) -> int:
+    """`harness inspect SESSION`: opens the session with its profile and dry-runs the next step."""
+    config = config_of(args)
+
+    async def main() -> StepInspection:
+        async with open_deployment(config, store_path=args.store) as deployment:
+            agent = await start(deployment, args.agent, args.session, must_exist=True)
+            return await agent.inspect_next_step()
+
+    inspection = trio.run(main)
+    if args.json:
+        print_json(inspection_json(inspection))
+        return EXIT_OK
+    out = console()
+    changed = "a new request/header" if inspection.header_changed else "the logged header"
+    out.print(f"next step of session {args.session} sends {changed}")
+    table = Table("order", "section", "scope", "shadows", "bytes", "sha256")
+    for section in inspection.sections:
+        table.add_row(
+            "-" if section.order is None else f"{section.order:g}",
+            escape(section.name) + (" (complete)" if section.complete else ""),
+            escape(section.scope),
+            escape(", ".join(section.shadows)) or "-",
+            str(section.bytes),
+            section.sha256[:12],
+        )
+    out.print(table)
+    tools = Table("#", "tool", "scope")
+    for index, tool in enumerate(inspection.tools):
+        tools.add_row(str(index), escape(tool.name), escape(tool.scope))
+    out.print(tools)
+    for context in inspection.contexts:
+        out.print(f"[bold]context {escape(context.name)}[/bold] ({escape(context.scope)})")
+        out.print(escape(context.text))
+    variables = ", ".join(f"{k}={v!r}" for k, v in inspection.variables.items())
+    out.print(f"variables: {escape(variables)}")
+    return EXIT_OK
 
 
 def turn_result(

@@ -279,9 +279,34 @@ def test_a_config_mistake_exits_2_from_the_installed_command(tmp_path: Path) -> 
     assert "unknown key 'modle' in [agents.default]" in line and "bad.toml" in line
 
 
-@pytest.mark.parametrize("command", ["run", "sessions", "show", "replay", "cache", "demo"])
+@pytest.mark.parametrize(
+    "command", ["run", "sessions", "show", "replay", "cache", "inspect", "demo"]
+)
 def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main([command, "--help"])
     assert info.value.code == 0
     assert f"usage: harness {command}" in capsys.readouterr().out
+
+
+def test_inspect_shows_sections_with_their_scope_and_the_tools(
+    workspace: Path, ran: dict[str, Any]
+) -> None:
+    result = harness(workspace, "inspect", ran["sessionId"], "--config", "harness.toml", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert set(out) == {"header", "headerChanged", "sections", "tools", "contexts", "variables"}
+    sections = {s["name"]: s for s in out["sections"]}
+    assert sections["harness:identity"]["scope"] == "global"
+    persona = sections["deployment:persona"]
+    assert persona["scope"] == f"agent:{ran['sessionId']}" and persona["shadows"] == ["global"]
+    assert [t["name"] for t in out["tools"]] == ["list_files", "read_file"]
+    assert "You are a test agent on deepseek-chat." in out["header"]["system"]
+    text = harness(workspace, "inspect", ran["sessionId"], "--config", "harness.toml")
+    assert "deployment:persona" in text.stdout and "read_file" in text.stdout
+
+
+def test_inspect_of_an_unknown_session_is_one_line(workspace: Path) -> None:
+    result = harness(workspace, "inspect", "nosuch", "--config", "harness.toml")
+    assert result.returncode == 1
+    assert "unknown session 'nosuch'" in one_line_error(result)
