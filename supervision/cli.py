@@ -24,6 +24,7 @@ from actors.providers.simulator import run_simulator_cli
 from actors.session import SessionError
 from supervision.commands import agent as agent_commands
 from supervision.commands import log as log_commands
+from supervision.commands import watch as watch_commands
 from supervision.commands.common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -41,6 +42,7 @@ Register = Callable[[Commands], None]
 COMMAND_GROUPS: tuple[Register, ...] = (
     agent_commands.register,
     log_commands.register,
+    watch_commands.register,
 )
 """Each group adds its commands to the parser; a new group is one entry here."""
 
