@@ -10,6 +10,8 @@ from pathlib import Path
 import trio
 
 from actors.providers.simulator import run_simulator_cli
+from supervision.bench.parallel import add_arguments as add_bench_arguments
+from supervision.bench.parallel import run_parsed as run_bench_parallel
 from supervision.demo import DEFAULT_STORE, demo_api_key, run_demo
 
 
@@ -26,6 +28,16 @@ def _parser() -> argparse.ArgumentParser:
         "simulator", help="serve the DeepSeek-compatible simulator on 127.0.0.1"
     )
     simulator.add_argument("--port", type=int, default=8765, help="port to listen on (0: any)")
+    bench = commands.add_parser("bench", help="load benchmarks").add_subparsers(
+        dest="bench", required=True
+    )
+    add_bench_arguments(
+        bench.add_parser(
+            "parallel",
+            help="parallel sessions through the runtime against the simulator in its own "
+            "process, with a live progress bar; prints a table, writes JSON",
+        )
+    )
     return parser
 
 
@@ -35,6 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "simulator":
         run_simulator_cli(args.port)
         return 0
+    if args.command == "bench":
+        return run_bench_parallel(args)
     report = trio.run(lambda: run_demo(store_path=args.store, api_key=demo_api_key()))
     return 0 if report.rebuilt_all else 1
 

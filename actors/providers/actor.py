@@ -20,6 +20,7 @@ import trio
 
 from actors.providers.base import Provider, ProviderError
 from actors.providers.chunks import Chunk, Failure, FinishChunk
+from actors.providers.http_client import HttpClientSettings, open_http_client
 from actors.providers.request import GenerateRequest
 
 ProviderFactory = Callable[[httpx.AsyncClient], Provider]
@@ -55,7 +56,8 @@ class ProviderActor:
     bounded queue (`queue_size`; a full queue blocks the caller:
     backpressure); at most `max_in_flight` run at once; each job's chunks
     travel over a channel of `chunk_buffer` (a slow reader slows its own
-    stream only).
+    stream only). The client is built by `open_http_client` from `timeout`,
+    `limits`, `http2` and `pools` (see `HttpClientSettings`).
     """
 
     name: str
@@ -64,6 +66,8 @@ class ProviderActor:
     limits: httpx.Limits = attrs.field(
         factory=lambda: httpx.Limits(max_connections=64, max_keepalive_connections=16)
     )
+    http2: bool = False
+    pools: int = 1
     max_in_flight: int = 16
     queue_size: int = 256
     chunk_buffer: int = 64
@@ -77,6 +81,8 @@ class ProviderActor:
     def __attrs_post_init__(self) -> None:
         if self.max_in_flight < 1:
             raise ProviderError(f"provider {self.name!r}: max_in_flight must be >= 1")
+        if self.pools < 1:
+            raise ProviderError(f"provider {self.name!r}: pools must be >= 1")
 
     @property
     def running(self) -> bool:
@@ -106,10 +112,10 @@ class ProviderActor:
         """
         send, receive = trio.open_memory_channel[_Job](self.queue_size)
         slots = trio.Semaphore(self.max_in_flight)
-        async with (
-            httpx.AsyncClient(timeout=self.timeout, limits=self.limits) as client,
-            trio.open_nursery() as nursery,
-        ):
+        settings = HttpClientSettings(
+            timeout=self.timeout, limits=self.limits, http2=self.http2, pools=self.pools
+        )
+        async with open_http_client(settings) as client, trio.open_nursery() as nursery:
             provider = self.factory(client)
             self._jobs_send = send
             try:

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import trio
 
-from actors.session.codec import event_from_json, event_to_json
+from actors.session.codec import event_from_json, event_to_shared_json
 from actors.session.errors import SessionError
 from actors.session.events import Event
 
@@ -73,7 +73,12 @@ class SessionStore(Protocol):
 
 @attrs.define(eq=False)
 class MemoryStore:
-    """An in-process store: durable for the life of the object, no writer task needed."""
+    """An in-process store: durable for the life of the object, no writer task needed.
+
+    Events are kept in their JSON form, with the decoded tool schemas of
+    request headers shared between sessions (`event_to_shared_json`), so an
+    idle session's log costs what its own events hold.
+    """
 
     _logs: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
 
@@ -114,7 +119,7 @@ class MemoryStore:
                     f"session {session_id!r}: event {event.type} has seq {event.seq}, "
                     f"expected {len(log)}"
                 )
-            log.append(event_to_json(event))
+            log.append(event_to_shared_json(event))
 
     async def flush(self) -> None:
         """Nothing is pending in a memory store."""
