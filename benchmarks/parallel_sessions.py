@@ -5,7 +5,7 @@ two steps: the user message makes the model call `echo`, the tool result
 goes back, the model answers. A 12-paragraph system prompt, 40 tools with
 two parameters each, and the time as a context snapshot. Prints a table and
 writes benchmarks/results/parallel_sessions.json and
-benchmarks/results/parallel_sessions.png (see benchmarks/README.md).
+benchmarks/parallel_sessions.png (see benchmarks/README.md).
 
 Run: .venv/bin/python benchmarks/parallel_sessions.py [--sessions 100 1000 10000]
      [--latency 0.05] [--reply-tokens 24] [--http2] [--pools K] [--store memory|sqlite]
@@ -25,5 +25,5 @@ if __name__ == "__main__":
     if "--json" not in argv:
         argv += ["--json", str(RESULTS / "parallel_sessions.json")]
     if "--plot" not in argv:
-        argv += ["--plot", str(RESULTS / "parallel_sessions.png")]
+        argv += ["--plot", str(Path(__file__).parent / "parallel_sessions.png")]
     sys.exit(main(argv))

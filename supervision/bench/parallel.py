@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--latency", type=float, default=0.05, help="simulated model latency per request, s"
     )
-    parser.add_argument("--reply-tokens", type=int, default=24, help="filler reply length")
+    parser.add_argument("--reply-tokens", type=int, default=24, help="final reply length, tokens")
     parser.add_argument("--store", choices=("memory", "sqlite"), default="memory")
     parser.add_argument("--http2", action="store_true", help="talk HTTP/2 to the simulator")
     parser.add_argument("--pools", type=int, default=1, help="connection pools in the client")

@@ -6,9 +6,8 @@ prior knowledge, both from Hypercorn) and prints its base URL on the first
 line of stdout. `start_simulator_process` runs it as a child process and
 returns a handle that reads its accounting over HTTP and stops it.
 
-A `BenchEngine` is a `SimulatorEngine` that waits `latency` seconds before
-answering each chat request (the model's time to first byte) and keeps two
-extra counters per run: prompt tokens, and the prompt tokens a perfect
+A `BenchEngine` is a `SimulatorEngine` (whose `latency` is the model's time
+to first byte) that keeps two extra counters per run: prompt tokens, and the prompt tokens a perfect
 client could have had from the cache (see `physical_hit_limit`). Routes on
 top of the simulator's: `GET /_bench/stats` (the counters as JSON) and
 `POST /_bench/reset` (zero the counters and empty the prefix cache).
@@ -79,6 +78,16 @@ def physical_hit_limit(body: Any, prompt_tokens: int, block_tokens: int) -> int:
     return max(0, prompt_tokens - new_input) // block_tokens * block_tokens
 
 
+def final_reply_script(reply_tokens: int) -> dict[str, Any]:
+    """The model script of the workload: after the tool result, a reply of `reply_tokens` tokens.
+
+    The first step needs no rule: the user message's `call echo {...}` line
+    makes the built-in model call the tool.
+    """
+    text = "Done:" + " word" * max(0, reply_tokens - 3) + "."
+    return {"rules": [{"when": {"input": "tool"}, "reply": {"text": text}}]}
+
+
 @attrs.frozen(kw_only=True)
 class BenchAccounting:
     """What the simulator accounted over one run.
@@ -113,16 +122,14 @@ class BenchAccounting:
 
 
 class BenchEngine(SimulatorEngine):
-    """A simulator engine with a per-request latency and hit-ratio accounting.
+    """A simulator engine that also accounts hit ratios against their physical limit.
 
     Args:
-        config: The simulator's configuration.
-        latency: Seconds each chat request waits before it is answered.
+        config: The simulator's configuration (its `latency` is the model's).
     """
 
-    def __init__(self, config: SimulatorConfig, *, latency: float) -> None:
+    def __init__(self, config: SimulatorConfig) -> None:
         super().__init__(config)
-        self.latency = latency
         self._counts = {"chat_requests": 0, "prompt_tokens": 0, "hit_tokens": 0, "limit": 0}
 
     def accounting(self) -> BenchAccounting:
@@ -141,7 +148,7 @@ class BenchEngine(SimulatorEngine):
         self.flush_cache()
 
     async def handle(self, request: SimRequest) -> SimResponse:
-        """Answer the accounting routes, or delay and account a chat request."""
+        """Answer the accounting routes, or answer and account a chat request."""
         if request.path == STATS_PATH:
             return SimResponse(
                 status=200,
@@ -153,8 +160,6 @@ class BenchEngine(SimulatorEngine):
             return SimResponse(status=200, headers=_JSON, body=b"{}")
         if request.path not in _CHAT_PATHS:
             return await super().handle(request)
-        if self.latency:
-            await trio.sleep(self.latency)
         response = await super().handle(request)
         self._account(request)
         return response
@@ -254,11 +259,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Serve a `BenchEngine` on a free loopback port until terminated."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--latency", type=float, default=0.05, help="seconds per request")
-    parser.add_argument("--reply-tokens", type=int, default=24, help="filler reply length")
+    parser.add_argument("--reply-tokens", type=int, default=24, help="final reply length")
     args = parser.parse_args(argv)
     engine = BenchEngine(
-        SimulatorConfig(reply_tokens=args.reply_tokens, cache_max_blocks=1 << 22, max_recorded=64),
-        latency=args.latency,
+        SimulatorConfig(
+            reply_tokens=args.reply_tokens,
+            latency=args.latency,
+            script=final_reply_script(args.reply_tokens),
+            cache_max_blocks=1 << 22,
+            max_recorded=64,
+        )
     )
 
     config = Config()

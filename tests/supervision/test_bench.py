@@ -54,7 +54,7 @@ def test_the_workload_has_40_two_parameter_tools_and_a_session_template() -> Non
 
 
 async def test_one_level_runs_every_turn_and_the_engine_accounts_its_cache() -> None:
-    engine = BenchEngine(SimulatorConfig(), latency=0.0)
+    engine = BenchEngine(SimulatorConfig())
     async with trio.open_nursery() as nursery:
         url = await nursery.start(serve_simulator, engine)
         steps: list[int] = []
@@ -73,7 +73,7 @@ async def test_one_level_runs_every_turn_and_the_engine_accounts_its_cache() -> 
 
 
 async def test_the_bench_routes_report_and_reset_the_counters() -> None:
-    engine = BenchEngine(SimulatorConfig(), latency=0.0)
+    engine = BenchEngine(SimulatorConfig())
     async with trio.open_nursery() as nursery:
         url = await nursery.start(serve_simulator, engine)
         async with httpx.AsyncClient() as client:
