@@ -8,7 +8,7 @@ writes benchmarks/results/parallel_sessions.json and
 benchmarks/parallel_sessions.png (see benchmarks/README.md).
 
 Run: .venv/bin/python benchmarks/parallel_sessions.py [--sessions 100 1000 10000]
-     [--latency 0.05] [--reply-tokens 24] [--http2] [--pools K] [--store memory|sqlite]
+     [--latency 0.05] [--reply-tokens 24] [--http 2|1.1] [--pools K] [--store memory|sqlite]
 """
 
 from __future__ import annotations

@@ -56,7 +56,12 @@ class AgentOptions:
     `model` is an opaque model name; `provider_name` appears as
     `config["provider"]` in every request. `extra` holds further
     provider-specific request settings (e.g. `thinking`,
-    `reasoning_effort`) copied into the request config.
+    `reasoning_effort`) copied into the request config. With `hibernate`,
+    the agent's session hibernates whenever the agent goes idle (its
+    in-memory log is released and reloaded from the store when input
+    arrives; see `Session.hibernate`), trading a reload per wake for
+    memory: while it hibernates, reading `agent.session` synchronously
+    raises `SessionHibernatingError`.
     """
 
     model: str
@@ -65,6 +70,7 @@ class AgentOptions:
     temperature: float | None = None
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_extra)
+    hibernate: bool = False
 
     def request_config(self) -> dict[str, Any]:
         """The request config: provider and model, then the settings that are set."""

@@ -10,7 +10,7 @@ around the peers'. Prints each run and the ratios of each peer to harness
 benchmarks/results/peers.json and benchmarks/peers/peers.png.
 
 Run: make bench-peers   (or .venv/bin/python benchmarks/peers/run.py
-     [--sessions 100 1000] [--latency 0.05] [--peers langgraph autogen ...] [--http2])
+     [--sessions 100 1000] [--latency 0.05] [--peers langgraph autogen ...] [--http 2|1.1])
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--reply-tokens", type=int, default=24)
     parser.add_argument("--sequential-turns", type=int, default=20)
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
-    parser.add_argument("--http2", action="store_true", help="harness talks HTTP/2")
+    parser.add_argument("--http", choices=("1.1", "2"), default="2", help="harness's HTTP version")
     args = parser.parse_args()
     pythons = {peer: ensure_venv(peer) for peer in args.peers}
     rows: list[dict[str, Any]] = []
@@ -70,7 +70,7 @@ def main() -> int:
         workload.flush()
         for sessions in args.sessions:
             settings = LevelSettings(
-                sessions=sessions, http2=args.http2, sequential_turns=args.sequential_turns
+                sessions=sessions, http2=args.http == "2", sequential_turns=args.sequential_turns
             )
             peer_settings = json.dumps(
                 {"sessions": sessions, "sequential_turns": args.sequential_turns}

@@ -64,6 +64,7 @@ class LevelSettings:
         max_in_flight: The provider actor's cap on requests in flight
             (None: one per session, at most 1,000).
         sequential_turns: Turns run one at a time after the concurrent pass.
+        hibernate: Agents hibernate when idle (`AgentOptions.hibernate`).
     """
 
     sessions: int
@@ -72,6 +73,7 @@ class LevelSettings:
     pools: int = 1
     max_in_flight: int | None = None
     sequential_turns: int = 50
+    hibernate: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -167,9 +169,11 @@ def _first_user_text(request: GenerateRequest) -> str:
     return ""
 
 
-def _turn_failed(agent: Agent) -> bool:
+async def _turns_failed(agent: Agent) -> int:
+    """How many of the agent's turns did not complete (its session woken to read them)."""
+    await agent.session.wake()
     ends = [e.data for e in agent.session.events if isinstance(e.data, TurnEnd)]
-    return not ends or ends[-1].reason.kind != "completed"
+    return sum(end.reason.kind != "completed" for end in ends)
 
 
 async def _one_turn(agent: Agent, text: str) -> float:
@@ -203,7 +207,7 @@ async def run_level(
     )
     provider = _TimedProvider(actor, on_step)
     tools = _tools()
-    options = AgentOptions(model=MODEL, provider_name="sim")
+    options = AgentOptions(model=MODEL, provider_name="sim", hibernate=settings.hibernate)
     time_context = TimeContext(timezone="UTC")
     with tempfile.TemporaryDirectory() as directory:
         store: SessionStore = (
@@ -256,7 +260,6 @@ async def _measure(
         for index in range(sessions):
             nursery.start_soon(turn, index)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    failed = sum(_turn_failed(agent) for agent in agents)
     steps = 2 * sessions
     overheads = sorted(
         max(0.0, (elapsed - provider.waited.get(text, 0.0)) / 2)
@@ -269,6 +272,9 @@ async def _measure(
     probe = random.Random(12).randrange(sessions)
     idle_turn = await _one_turn(agents[probe], user_message(sessions + probe))
     sequential = await _sequential(agents, settings.sequential_turns, sessions)
+    failed = 0
+    for agent in agents:
+        failed += await _turns_failed(agent)
     await runtime.store.flush()
     return LevelResult(
         framework="harness",

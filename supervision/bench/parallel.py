@@ -84,13 +84,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--reply-tokens", type=int, default=24, help="final reply length, tokens")
     parser.add_argument("--store", choices=("memory", "sqlite"), default="memory")
-    parser.add_argument("--http2", action="store_true", help="talk HTTP/2 to the simulator")
+    parser.add_argument(
+        "--http",
+        choices=("1.1", "2"),
+        default="2",
+        help="HTTP version to the simulator (default 2: multiplexed, see actors.providers."
+        "http_client; 1.1 is the provider actor's default for deployments)",
+    )
     parser.add_argument("--pools", type=int, default=1, help="connection pools in the client")
     parser.add_argument(
         "--max-in-flight", type=int, default=None, help="requests in flight (default: min(N, 1000))"
     )
     parser.add_argument(
         "--sequential-turns", type=int, default=50, help="turns run one at a time per level"
+    )
+    parser.add_argument(
+        "--no-hibernate",
+        dest="hibernate",
+        action="store_false",
+        help="keep idle sessions' logs in memory (default: idle agents hibernate)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
@@ -109,10 +121,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             settings = LevelSettings(
                 sessions=sessions,
                 store=args.store,
-                http2=args.http2,
+                http2=args.http == "2",
                 pools=args.pools,
                 max_in_flight=args.max_in_flight,
                 sequential_turns=args.sequential_turns,
+                hibernate=args.hibernate,
             )
             row = run_child(
                 harness_command(sim.url, settings), sim, f"harness level {sessions} sessions"
