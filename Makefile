@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint typecheck test demo bench clean
+.PHONY: install lint typecheck test demo bench bench-parallel bench-peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,5 +28,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/loop_overhead.py
 	$(PY) benchmarks/provider_stream.py
 
+bench-parallel: $(STAMP)
+	$(PY) benchmarks/parallel_sessions.py
+
+# Harness and the peer frameworks (each installed in its own virtualenv on first use), interleaved.
+bench-peers: $(STAMP)
+	$(PY) benchmarks/peers/run.py
+
 clean:
-	rm -rf $(VENV) .harness .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .harness .pytest_cache .mypy_cache .ruff_cache benchmarks/peers/.venvs
