@@ -11,6 +11,7 @@ import trio
 
 from actors.providers.simulator import run_simulator_cli
 from supervision.demo import DEFAULT_STORE, demo_api_key, run_demo
+from supervision.local_model import LocalModelError, run_local_demo
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,6 +23,11 @@ def _parser() -> argparse.ArgumentParser:
         "(or DeepSeek when DEEPSEEK_API_KEY is set) and report cache hits",
     )
     demo.add_argument("--store", type=Path, default=DEFAULT_STORE, help="SQLite session store")
+    demo.add_argument(
+        "--local-model",
+        action="store_true",
+        help="talk to SmolLM2-135M on a local llama.cpp server (build it: make llama-server)",
+    )
     simulator = commands.add_parser(
         "simulator", help="serve the DeepSeek-compatible simulator on 127.0.0.1"
     )
@@ -35,7 +41,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "simulator":
         run_simulator_cli(args.port)
         return 0
-    report = trio.run(lambda: run_demo(store_path=args.store, api_key=demo_api_key()))
+    if args.local_model:
+        try:
+            report = trio.run(lambda: run_local_demo(store_path=args.store))
+        except LocalModelError as exc:
+            print(f"harness demo --local-model: {exc}", file=sys.stderr)
+            return 2
+    else:
+        report = trio.run(lambda: run_demo(store_path=args.store, api_key=demo_api_key()))
     return 0 if report.rebuilt_all else 1
 
 

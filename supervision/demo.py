@@ -204,31 +204,40 @@ async def run_demo(
     store_path: Path = DEFAULT_STORE,
     api_key: str | None = None,
     out: Callable[[str], None] = print,
+    base_url: str | None = None,
+    model: str = DEMO_MODEL,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
 ) -> DemoReport:
     """Run the demo and return what it measured.
 
-    With `api_key` the agent talks to DeepSeek; without, to a simulator
-    started in-process on an ephemeral loopback port. The session is stored
-    in SQLite at `store_path` (a fresh session each run).
+    With `base_url` the agent talks to that OpenAI-compatible server (with
+    `api_key`, if any); else with `api_key` to DeepSeek; else to a simulator
+    started in-process on an ephemeral loopback port. `model`, `max_tokens`
+    and `temperature` go into every request. The session is stored in SQLite
+    at `store_path` (a fresh session each run).
 
     Cancellation: cancelling stops the agent (its live turn ends aborted)
     and the simulator; committed events stay in the store.
     """
     store_path.parent.mkdir(parents=True, exist_ok=True)
     async with trio.open_nursery() as nursery:
-        if api_key is None:
+        if base_url is not None:
+            url, key = base_url, api_key
+            out(f"using the model server at {url}")
+        elif api_key is None:
             engine = SimulatorEngine()
-            base_url: str = await nursery.start(serve_simulator, engine)
+            url = await nursery.start(serve_simulator, engine)
             key = engine.config.api_key
-            out(f"simulator listening on {base_url}")
+            out(f"simulator listening on {url}")
         else:
-            base_url, key = DEEPSEEK_BASE_URL, api_key
-            out(f"using the DeepSeek API at {base_url}")
+            url, key = DEEPSEEK_BASE_URL, api_key
+            out(f"using the DeepSeek API at {url}")
         recorder: list[RecordingProvider] = []
 
         def factory(client: httpx.AsyncClient) -> Provider:
             recorder.append(
-                RecordingProvider(OpenAICompatProvider(client, base_url=base_url, api_key=key))
+                RecordingProvider(OpenAICompatProvider(client, base_url=url, api_key=key))
             )
             return recorder[-1]
 
@@ -242,7 +251,9 @@ async def run_demo(
         policies = Policies()
         policies.install(prompt)
         rows: list[RequestRow] = []
-        options = AgentOptions(model=DEMO_MODEL, provider_name="deepseek")
+        options = AgentOptions(
+            model=model, provider_name="deepseek", max_tokens=max_tokens, temperature=temperature
+        )
         async with open_agent(
             system_prompt=prompt, provider=actor, options=options, store=store, tools=DEMO_TOOLS
         ) as agent:
