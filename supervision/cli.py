@@ -9,7 +9,7 @@ from pathlib import Path
 
 import trio
 
-from actors.providers.simulator import run_simulator_cli
+from actors.providers.simulator import ModelScript, SimulatorConfig, run_simulator_cli
 from supervision.demo import DEFAULT_STORE, demo_api_key, run_demo
 from supervision.local_model import LocalModelError, run_local_demo
 
@@ -32,6 +32,18 @@ def _parser() -> argparse.ArgumentParser:
         "simulator", help="serve the DeepSeek-compatible simulator on 127.0.0.1"
     )
     simulator.add_argument("--port", type=int, default=8765, help="port to listen on (0: any)")
+    simulator.add_argument(
+        "--script", type=Path, help="JSON model script: reply rules (docs/simulator.md)"
+    )
+    simulator.add_argument(
+        "--latency", type=float, default=0.0, help="seconds before every chat response's headers"
+    )
+    simulator.add_argument(
+        "--reply-tokens", type=int, default=24, help="length of the filler reply, in tokens"
+    )
+    simulator.add_argument(
+        "--token-rate", type=float, default=0.0, help="tokens per second (0: as fast as possible)"
+    )
     return parser
 
 
@@ -39,7 +51,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the `harness` command; returns the process exit code."""
     args = _parser().parse_args(argv)
     if args.command == "simulator":
-        run_simulator_cli(args.port)
+        try:
+            config = SimulatorConfig(
+                script=ModelScript.load(args.script) if args.script else None,
+                latency=args.latency,
+                reply_tokens=args.reply_tokens,
+                token_rate=args.token_rate,
+            )
+        except ValueError as exc:  # ScriptError included
+            print(f"harness simulator: {exc}", file=sys.stderr)
+            return 2
+        run_simulator_cli(args.port, config)
         return 0
     if args.local_model:
         try:
