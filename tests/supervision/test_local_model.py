@@ -112,10 +112,10 @@ async def test_a_server_that_dies_raises_with_its_last_log_lines(
     assert "model file is corrupt" in str(caught.value)
 
 
-def test_demo_local_model_without_a_build_exits_2_saying_how_to_build(
+def test_demo_local_model_without_a_build_fails_saying_how_to_build(
     cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["demo", "--local-model", "--store", str(cache / "demo.sqlite")]) == 2
+    assert main(["demo", "--local-model", "--store", str(cache / "demo.sqlite")]) == 1
     assert "make llama-server" in capsys.readouterr().err
 
 

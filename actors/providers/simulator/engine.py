@@ -304,7 +304,9 @@ class SimulatorEngine:
             return error_response(400, f"Failed to deserialize the JSON body: {exc}")
         try:
             chat = parse_chat(record.body, self.config)
-            fault = self.faults.take(record.number, request.headers.get(FAULT_HEADER))
+            fault = self.faults.take(
+                record.number, request.headers.get(FAULT_HEADER), model=chat.model
+            )
         except Rejection as exc:
             return error_response(exc.status, exc.message, param=exc.param)
         except FaultError as exc:
