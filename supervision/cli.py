@@ -36,7 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_simulator_cli(args.port)
         return 0
     report = trio.run(lambda: run_demo(store_path=args.store, api_key=demo_api_key()))
-    return 0 if report.rebuilt_all else 1
+    if not report.ok:
+        print(f"harness demo: {report.failure or 'a request was not rebuilt'}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -14,11 +14,3 @@ class UnknownEventError(SessionError):
 
 class ReplacementError(SessionError):
     """A replacement event cites an event that is missing, not a surface event, or gone."""
-
-
-class SessionBusyError(SessionError):
-    """Another live writer holds the session's lease; the message names the session and holder."""
-
-
-class SessionFencedError(SessionError):
-    """This writer lost the session's lease to another: its writes to the session are refused."""

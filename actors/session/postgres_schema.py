@@ -7,13 +7,14 @@ migration the database has not seen yet, and refuses a database whose
 version is newer than this code knows.
 
 Tables (all prefixed `harness_`, so the store can share a database):
-- `harness_sessions`: one row per session, in creation order (`position`),
-  carrying the single-writer lease: `owner` (NULL when free), `epoch`
-  (bumped at every change of owner, never reused) and `lease_expires`
-  (judged by the database's clock, so nodes' clocks may disagree).
+- `harness_sessions`: one row per session, in creation order (`position`).
 - `harness_events`: one row per event under the primary key
-  `(session_id, seq)`; `epoch` is the lease epoch that wrote it,
-  `checksum` the CRC-32 of `event`, the event's exact JSON text.
+  `(session_id, seq)`: the event's exact JSON text and its checksum
+  (`actors/session/checksum.py`).
+- `harness_leases`: the single-writer lease of each session that ever had
+  one (`actors/session/lease.py`): `owner` (NULL once released), `epoch`
+  (grows at every acquisition, never reused) and `expires_at`, judged by
+  the database's clock so the nodes' clocks may disagree.
 """
 
 from __future__ import annotations
@@ -31,18 +32,20 @@ _MIGRATIONS: dict[int, str] = {
     1: """
         CREATE TABLE harness_sessions (
             position bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
-            id text PRIMARY KEY,
-            owner text,
-            epoch bigint NOT NULL DEFAULT 0,
-            lease_expires timestamptz
+            id text PRIMARY KEY
         );
         CREATE TABLE harness_events (
             session_id text NOT NULL REFERENCES harness_sessions (id),
             seq bigint NOT NULL CHECK (seq >= 0),
-            epoch bigint NOT NULL,
-            checksum bigint NOT NULL,
             event text NOT NULL,
+            checksum bigint NOT NULL,
             PRIMARY KEY (session_id, seq)
+        );
+        CREATE TABLE harness_leases (
+            session_id text PRIMARY KEY,
+            owner text,
+            epoch bigint NOT NULL,
+            expires_at timestamptz NOT NULL
         );
     """,
 }

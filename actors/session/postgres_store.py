@@ -1,48 +1,48 @@
 """`PostgresStore`: the session store many node processes share (PostgreSQL, psycopg 3).
 
-The same contract as `SQLiteStore`, plus the single-writer lease that makes
-sharing safe. psycopg's async API needs asyncio, so every database call is a
-blocking psycopg call in a `trio.to_thread` worker; one call runs on a
-connection at a time.
+The same contract as `SQLiteStore` (`actors/session/store.py`), on a
+database that many processes write at once. psycopg's async API needs
+asyncio, so every database call is a blocking psycopg call in a
+`trio.to_thread` worker, and a connection runs one call at a time.
 
 - **Group commit.** One writer actor (`serve`) owns the writer connection.
   `append` hands events to it over a bounded memory channel (a full channel
   blocks the appender). The writer drains everything pending and commits it
-  as one `INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING`
-  transaction, then wakes the `flush()` waiters it satisfied.
-- **Lease and fencing.** A session is written only under a lease: its row
-  in `harness_sessions` names the `owner` and an `epoch` that grows at every
-  change of owner, with an expiry judged by the database's clock. The
-  writer renews this store's leases every third of `lease_seconds`.
-  `acquire_lease` (or the first `append` of a session this store does not
-  hold: takeover on first touch) takes a free, own or expired lease and
-  refuses a live one with `SessionBusyError`. Each event row is inserted
-  only while its session's lease still has this store's owner and epoch,
-  checked under a share lock on the lease row, so a takeover either waits
-  for the batch to commit (and then reads its events) or the batch sees the
-  new epoch. A session whose rows are refused is fenced: its appends in the
-  batch fail with `SessionFencedError`, its later appends are refused at
-  once, and the batch's other sessions commit.
+  in one transaction: the batch's lease rows are read under a share lock,
+  each session is checked (lease epoch, seq continuity) and the admissible
+  rows go in as one `INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING
+  RETURNING`. Then it wakes the `flush()` waiters it satisfied.
+- **Lease and fencing** (`actors/session/lease.py`). `harness_leases`
+  holds each session's owner, epoch and expiry; expiry is judged by the
+  database's clock, so the nodes' clocks may disagree. Acquisition is one
+  upsert that succeeds only on a free or expired lease. A commit holds a
+  share lock on the lease rows it checked, so a takeover either waits for
+  the batch (and then reads its events) or the batch sees the new epoch.
+  A session that fails a check, or whose rows conflict with rows another
+  writer committed, is refused as a whole (rows it got in are taken back
+  before the commit, so two writers never interleave); the batch's other
+  sessions commit. The writer renews this store's leases every third of
+  `lease_ttl`; a lease found taken over breaks its session here.
 - **Exact events, checked.** Each event is stored as its compact JSON text
-  with a CRC-32 checksum, under the primary key `(session_id, seq)`.
-  Loading fetches the text as text (no driver-side JSON parsing), verifies
-  every checksum, and decodes each event once.
+  with its checksum (`actors/session/checksum.py`). Loading fetches the text
+  as text (no driver-side JSON parsing); the worker thread verifies every
+  checksum and parses the JSON, and each event is decoded once.
+- **Failures stay local.** A failed commit breaks the sessions whose appends
+  it held; the writer reconnects for the next batch and carries on.
 
-Reads (`create`, `exists`, `load`, `list_sessions`, lease calls) use a few
-pooled connections while the writer runs and a connection of their own per
-call otherwise; the schema is created or migrated on the first connection
-(`actors.session.postgres_schema`).
+Reads (`create`, `exists`, `load`, `list_sessions`, the lease calls) use a
+few pooled connections while the writer runs, and a connection of their own
+per call otherwise. The schema is created or migrated on the first
+connection (`actors/session/postgres_schema.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import socket
-import uuid
-import zlib
+import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import attrs
 import psycopg
@@ -50,9 +50,19 @@ import psycopg.conninfo
 import trio
 from psycopg.rows import TupleRow
 
+from actors.session.checksum import event_checksum
 from actors.session.codec import event_from_json, event_to_json
-from actors.session.errors import SessionBusyError, SessionError, SessionFencedError
+from actors.session.durability import DurableMarks
+from actors.session.errors import SessionError
 from actors.session.events import Event
+from actors.session.lease import (
+    DEFAULT_LEASE_TTL_SECONDS,
+    Lease,
+    SessionBusyError,
+    SessionFencedError,
+    default_owner,
+    describe_holder,
+)
 from actors.session.postgres_schema import ensure_schema
 from actors.session.store import SessionExistsError, UnknownSessionError
 
@@ -62,9 +72,6 @@ DEFAULT_MAX_PENDING_APPENDS = 1024
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 """How long a cancelled writer keeps trying to commit what it already accepted."""
 
-DEFAULT_LEASE_SECONDS = 5.0
-"""How long a lease lasts without renewal; the writer renews every third of it."""
-
 CONNECT_TIMEOUT_SECONDS = 10
 """How long opening a connection may take before it fails."""
 
@@ -72,68 +79,60 @@ MAX_IDLE_CONNECTIONS = 4
 """Read connections kept open between calls while the writer runs."""
 
 _Connection = psycopg.Connection[TupleRow]
-_Row = tuple[str, int, int, int, str]
-"""`(session_id, seq, epoch, checksum, event JSON text)`: one row of `harness_events`."""
+_Row = tuple[str, int, str, int]
+"""`(session_id, seq, event JSON text, checksum)`: one row of `harness_events`."""
+
+_Refusal = tuple[Literal["fenced", "busy", "conflict"], str, str]
+"""Why a commit refused a session: the kind, a sentence, and the holder (or "")."""
 
 _T = TypeVar("_T")
 
-_INSERT_BATCH = """
-INSERT INTO harness_events (session_id, seq, epoch, checksum, event)
-SELECT r.session_id, r.seq, r.epoch, r.checksum, r.event
-FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::text[])
-    AS r (session_id, seq, epoch, checksum, event)
-JOIN harness_sessions AS s ON s.id = r.session_id AND s.epoch = r.epoch AND s.owner = %s
-FOR SHARE OF s
+_NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+_TAKE_LEASE = """
+INSERT INTO harness_leases AS l (session_id, owner, epoch, expires_at)
+VALUES (%(session_id)s, %(owner)s, 1, clock_timestamp() + make_interval(secs => %(ttl)s))
+ON CONFLICT (session_id) DO UPDATE
+    SET owner = excluded.owner, epoch = l.epoch + 1, expires_at = excluded.expires_at
+    WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+RETURNING epoch, (extract(epoch FROM expires_at) * 1000)::bigint
+"""
+
+_LEASE_ROWS = f"""
+SELECT session_id, owner, epoch, (extract(epoch FROM expires_at) * 1000)::bigint, {_NOW_MS}
+FROM harness_leases WHERE session_id = ANY(%s::text[])
+"""
+
+_NEXT_SEQS = """
+SELECT session_id, MAX(seq) + 1 FROM harness_events
+WHERE session_id = ANY(%s::text[]) GROUP BY session_id
+"""
+
+_INSERT_ROWS = """
+INSERT INTO harness_events (session_id, seq, event, checksum)
+SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::bigint[])
 ON CONFLICT DO NOTHING
 RETURNING session_id, seq
 """
 
-_TAKE_LEASE = """
-UPDATE harness_sessions
-SET owner = %(owner)s,
-    epoch = CASE WHEN owner IS NOT DISTINCT FROM %(owner)s THEN epoch ELSE epoch + 1 END,
-    lease_expires = clock_timestamp() + make_interval(secs => %(seconds)s)
-WHERE id = %(session_id)s
-    AND (owner IS NULL OR owner = %(owner)s OR lease_expires < clock_timestamp())
-RETURNING epoch
+_TAKE_BACK = """
+DELETE FROM harness_events AS e
+USING unnest(%s::text[], %s::bigint[]) AS r (session_id, seq)
+WHERE e.session_id = r.session_id AND e.seq = r.seq
 """
 
 _RENEW_LEASES = """
-UPDATE harness_sessions AS s
-SET lease_expires = clock_timestamp() + make_interval(secs => %s)
-FROM unnest(%s::text[], %s::bigint[]) AS r (id, epoch)
-WHERE s.id = r.id AND s.epoch = r.epoch AND s.owner = %s
-RETURNING s.id
+UPDATE harness_leases AS l
+SET expires_at = clock_timestamp() + make_interval(secs => %s)
+FROM unnest(%s::text[], %s::bigint[]) AS r (session_id, epoch)
+WHERE l.session_id = r.session_id AND l.epoch = r.epoch AND l.owner IS NOT NULL
+RETURNING l.session_id
 """
 
-_RELEASE_LEASES = """
-UPDATE harness_sessions AS s
-SET owner = NULL, lease_expires = NULL
-FROM unnest(%s::text[], %s::bigint[]) AS r (id, epoch)
-WHERE s.id = r.id AND s.epoch = r.epoch AND s.owner = %s
+_DROP_LEASE = """
+UPDATE harness_leases SET owner = NULL, expires_at = clock_timestamp()
+WHERE session_id = %s AND epoch = %s
 """
-
-_HOLDERS = "SELECT id, owner, epoch FROM harness_sessions WHERE id = ANY(%s::text[])"
-
-
-def default_owner() -> str:
-    """A writer identity unique to this store object: host, process id and a random tag."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-@attrs.frozen(kw_only=True)
-class Lease:
-    """This store's right to write a session.
-
-    Attributes:
-        session_id: the session.
-        owner: the store's writer identity.
-        epoch: the lease epoch; every row written under the lease carries it.
-    """
-
-    session_id: str
-    owner: str
-    epoch: int
 
 
 @attrs.frozen(kw_only=True)
@@ -143,24 +142,25 @@ class PostgresStoreStatistics:
     Attributes:
         pending_appends: accepted appends not yet committed (nor failed).
         blocked_appenders: tasks waiting in `append` for room in the full channel.
-        failed_appends: accepted appends a failed commit did not write.
-        fenced_appends: accepted appends refused because their lease was lost.
+        failed_appends: accepted appends that were refused or whose commit failed.
+        broken_sessions: sessions this store refuses to write (a failed or
+            fenced append) until their lease is acquired again.
+        leases_held: write leases this store object holds and renews.
         commits: transactions committed by the writer.
         events_written: events committed by the writer.
         largest_batch: the most appends committed in one transaction.
-        leases_held: sessions this store holds the lease of.
-        fenced_sessions: sessions whose lease this store lost and has not re-acquired.
+        reconnects: writer connections replaced after they broke.
     """
 
     pending_appends: int
     blocked_appenders: int
     failed_appends: int
-    fenced_appends: int
+    broken_sessions: int
+    leases_held: int
     commits: int
     events_written: int
     largest_batch: int
-    leases_held: int
-    fenced_sessions: int
+    reconnects: int
 
 
 @attrs.define(eq=False)
@@ -168,69 +168,66 @@ class _Append:
     """One accepted `append` call; `done` is set once it is committed or has failed."""
 
     session_id: str
+    epoch: int | None
     rows: list[_Row]
     done: trio.Event = attrs.field(factory=trio.Event)
     error: SessionError | None = None
 
-    @property
-    def durable(self) -> bool:
-        return self.done.is_set() and self.error is None
 
+@attrs.frozen(kw_only=True)
+class _Group:
+    """One session's share of a batch, as the commit thread sees it."""
 
-@attrs.frozen
-class _Holder:
-    """Who holds a session's lease now, as the database said when a write was refused."""
-
-    owner: str | None
-    epoch: int
+    session_id: str
+    epoch: int | None
+    rows: list[_Row]
 
 
 @attrs.define(eq=False)
 class PostgresStore:
     """A `SessionStore` in a PostgreSQL database, safe to share between processes.
 
-    `create`, `exists`, `load` and `list_sessions` work whether or not the
-    writer runs; `append` and the lease calls need `serve` running (start it
-    with `await nursery.start(store.serve)`). The schema is created on first
-    use; a database with a newer schema is refused with `SchemaVersionError`.
+    `create`, `exists`, `load`, `list_sessions` and the lease calls work
+    whether or not the writer runs; `append` needs `serve` running (start it
+    with `await nursery.start(store.serve)`), and leases are renewed only
+    while it runs. The schema is created on first use; a database with a
+    newer schema is refused with `SchemaVersionError` (a `SessionError`).
 
     Args:
         dsn: a libpq connection string or `postgresql://` URL.
-        owner: this writer's identity in the lease table (default: host,
-            process id and a random tag, unique to the object). Two stores
-            with the same owner count as one writer: give each its own.
-        lease_seconds: how long a lease lasts unrenewed; the writer renews
-            every third of it, so a stalled or dead process loses its
-            sessions that long after its last renewal.
         max_pending_appends: capacity of the writer's channel; a full
             channel blocks `append` until the writer takes a batch.
         shutdown_grace: seconds a cancelled writer spends committing what it
-            had already accepted and releasing its leases.
+            had already accepted.
+        lease_ttl: seconds a write lease outlives its holder's last renewal
+            (a crashed or stalled holder's session can be taken over after
+            this), measured by the database's clock.
     """
 
     dsn: str
-    owner: str = attrs.field(factory=default_owner, kw_only=True)
-    lease_seconds: float = attrs.field(
-        default=DEFAULT_LEASE_SECONDS, kw_only=True, validator=attrs.validators.gt(0)
-    )
     max_pending_appends: int = attrs.field(
         default=DEFAULT_MAX_PENDING_APPENDS, kw_only=True, validator=attrs.validators.ge(0)
     )
     shutdown_grace: float = attrs.field(
         default=DEFAULT_SHUTDOWN_GRACE_SECONDS, kw_only=True, validator=attrs.validators.gt(0)
     )
-    _send: trio.MemorySendChannel[_Append] | None = attrs.field(default=None, init=False)
+    lease_ttl: float = attrs.field(
+        default=DEFAULT_LEASE_TTL_SECONDS, kw_only=True, validator=attrs.validators.gt(0)
+    )
+    _send: trio.MemorySendChannel[_Append | None] | None = attrs.field(default=None, init=False)
     _serving: bool = attrs.field(default=False, init=False)
     _schema_ready: bool = attrs.field(default=False, init=False)
     _idle: list[_Connection] = attrs.field(factory=list, init=False)
-    _leases: dict[str, Lease] = attrs.field(factory=dict, init=False)
-    _fenced: dict[str, SessionFencedError] = attrs.field(factory=dict, init=False)
     _next_seq: dict[str, int] = attrs.field(factory=dict, init=False)
     _unconfirmed: set[_Append] = attrs.field(factory=set, init=False)
+    _broken: dict[str, SessionError] = attrs.field(factory=dict, init=False)
+    _held: dict[str, Lease] = attrs.field(factory=dict, init=False)
+    _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
+    _failed_appends: int = attrs.field(default=0, init=False)
     _commits: int = attrs.field(default=0, init=False)
     _events_written: int = attrs.field(default=0, init=False)
     _largest_batch: int = attrs.field(default=0, init=False)
-    _fenced_appends: int = attrs.field(default=0, init=False)
+    _reconnects: int = attrs.field(default=0, init=False)
 
     @property
     def running(self) -> bool:
@@ -242,32 +239,31 @@ class PostgresStore:
 
         Each round takes every pending append, commits them in one
         transaction and wakes the `flush()` waiters they satisfy; between
-        rounds it renews this store's leases every third of `lease_seconds`.
-        A store may be served again after its writer stopped, but by one task
-        at a time.
+        rounds the writer renews the leases this store holds. A refused or
+        failed commit breaks the sessions whose appends it held (their
+        `flush` raises) and the writer goes on with the next batch, on a new
+        connection if the old one broke. A store may be served again after
+        its writer stopped, but by one task at a time.
 
         Cancellation: a commit already running finishes first. Then the
-        writer stops accepting appends, commits everything it had accepted
-        (including the appenders blocked on the full channel) and releases
-        its leases, in a shielded scope bounded by `shutdown_grace`. Only
-        then does `serve` return; `running` is False from the start of this
-        shutdown.
+        writer stops accepting appends and commits everything it had
+        accepted, including the appenders blocked on the full channel, in a
+        shielded scope bounded by `shutdown_grace`. Only then does `serve`
+        return; `running` is False from the start of this shutdown.
 
         Raises:
             SessionError: the writer is already running, the database cannot
-                be reached or has a newer schema (`SchemaVersionError`), or a
-                commit failed or missed the shutdown grace; the message names
-                the store and the sessions and seqs that are not durable.
-                Appends queued behind a failed commit are not written, and
-                every later `flush()` raises. A fenced session is not a
-                failure of the writer.
+                be reached at start or has a newer schema
+                (`SchemaVersionError`), or the shutdown commit failed or
+                missed its grace; the message names the store and the
+                sessions and seqs that are not durable.
         """
         if self._serving:
             raise SessionError(f"{self._label}: serve() is already running; one writer per store")
         self._serving = True
         try:
             connection = await trio.to_thread.run_sync(self._connect, "writer")
-            send, receive = trio.open_memory_channel[_Append](self.max_pending_appends)
+            send, receive = trio.open_memory_channel[_Append | None](self.max_pending_appends)
             self._send = send
             await self._write_until_cancelled(connection, receive, task_status)
         finally:
@@ -277,7 +273,7 @@ class PostgresStore:
                 pooled.close()
 
     async def create(self, session_id: str) -> None:
-        """Register a new, empty session with a free lease; it is durable when this returns.
+        """Register a new, empty session; it is durable when this returns.
 
         Cancellation: once the insert started in its worker thread it
         completes (the session then exists) before the cancellation is seen.
@@ -291,9 +287,12 @@ class PostgresStore:
             try:
                 connection.execute("INSERT INTO harness_sessions (id) VALUES (%s)", (session_id,))
             except psycopg.errors.UniqueViolation:
-                raise SessionExistsError(f"session {session_id!r} already exists") from None
+                raise SessionExistsError(
+                    f"session {session_id!r} already exists in {self._label}"
+                ) from None
 
         await self._run(insert, f"create session {session_id!r}")
+        self._next_seq[session_id] = 0
 
     async def exists(self, session_id: str) -> bool:
         """True when the store holds `session_id`.
@@ -313,7 +312,8 @@ class PostgresStore:
         """Every event of `session_id`, in seq order, restored exactly as appended.
 
         First waits until the appends this store already accepted for the
-        session are resolved, so a load sees this store's own writes. Needs
+        session are durable, so a load sees this store's own writes. Every
+        row's checksum is verified and the seqs must run 0, 1, 2, ... Needs
         no lease: any process may read any session.
 
         Cancellation: abandons the load; the store is unchanged.
@@ -321,153 +321,121 @@ class PostgresStore:
         Raises:
             UnknownSessionError: the store has no such session.
             UnknownEventError: a stored event has an unknown, non-ignorable type.
-            SessionError: a stored event fails its checksum or cannot be
-                decoded (the message names the session and seq), an accepted
-                append of the session failed, or the database cannot be read.
+            SessionError: a stored event fails its checksum, is not JSON or
+                breaks the seq order (the message names the store, session
+                and seq), an accepted append failed, or the database cannot
+                be read.
         """
-        await self._wait_durable([r for r in self._unconfirmed if r.session_id == session_id])
+        await self._wait_durable(session_id)
+        where = f"{self._label}: session {session_id!r}"
 
         def select(connection: _Connection) -> list[tuple[int, Any]]:
-            return self._select_events(connection, session_id)
+            return _select_events(connection, session_id, self._label)
 
         rows = await self._run(select, f"load session {session_id!r}")
-        return [_decode(session_id, seq, obj) for seq, obj in rows]
+        events = [_decode(where, seq, obj) for seq, obj in rows]
+        self._next_seq.setdefault(session_id, len(events))
+        self._marks.advance(session_id, len(events) - 1)
+        return events
 
-    async def acquire_lease(self, session_id: str) -> Lease:
-        """Take the lease of `session_id` for this store's owner, or return the one it holds.
+    async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
+        """Take the write lease of `session_id`; it is durable when this returns.
 
-        A free lease, this owner's own, or one whose holder let it expire is
-        taken; taking it from another owner starts a new epoch, which fences
-        off that owner's later writes. Acquiring again after this store was
-        fenced starts a new epoch too (the session's next seq is then read
-        from the database). The writer renews the lease until
-        `release_lease` or the end of `serve`.
+        A lease nobody holds, or one whose holder let it expire (by the
+        database's clock), is taken with the next epoch; that fences off the
+        old holder's later writes. The store then renews it while `serve`
+        runs, and appends under it carry its epoch. A session this store
+        object had broken is usable again under the new lease (its next seq
+        is read from the database).
 
-        Cancellation: once the update started in its worker thread it
-        completes; a lease taken then is held as if this returned.
+        Cancellation: once the upsert started in its worker thread it
+        completes (the lease is then held) before the cancellation is seen.
 
         Raises:
-            SessionBusyError: another owner holds a live lease; the message
-                names the session, the holder and when its lease expires.
-            UnknownSessionError: the store has no such session.
-            SessionError: the writer is not running, or the database cannot
-                be reached.
+            SessionBusyError: another live lease holds the session; the
+                message names the session and the holder.
+            SessionError: the database cannot be reached or written.
         """
-        self._writer_channel(session_id)
-        held = self._leases.get(session_id)
-        if held is not None:
-            await trio.lowlevel.checkpoint()
-            return held
+        holder = owner or default_owner()
 
-        def take(connection: _Connection) -> tuple[int, int]:
-            with connection.transaction():
-                row = connection.execute(
-                    _TAKE_LEASE,
-                    {"owner": self.owner, "seconds": self.lease_seconds, "session_id": session_id},
-                ).fetchone()
-                if row is None:
-                    raise self._busy_error(connection, session_id)
-                # A new statement, so a new snapshot: the update waited for
-                # any batch of the previous owner, whose rows are now visible.
-                (next_seq,) = _one(
-                    connection,
-                    "SELECT COALESCE(MAX(seq) + 1, 0) FROM harness_events WHERE session_id = %s",
-                    (session_id,),
-                )
-            return int(row[0]), int(next_seq)
+        def take(connection: _Connection) -> Lease:
+            params = {"session_id": session_id, "owner": holder, "ttl": self.lease_ttl}
+            row = connection.execute(_TAKE_LEASE.encode(), params).fetchone()
+            if row is None:
+                raise self._busy_error(connection, session_id)
+            return Lease(
+                session_id=session_id, owner=holder, epoch=int(row[0]), expires_ms=int(row[1])
+            )
 
-        epoch, next_seq = await self._run(take, f"take the lease of session {session_id!r}")
-        lease = Lease(session_id=session_id, owner=self.owner, epoch=epoch)
-        if not self.running:
-            # The writer stopped (and released its leases) while this one was taken.
-            def release(connection: _Connection) -> None:
-                _release(connection, [lease], self.owner)
-
-            with trio.CancelScope(shield=True):
-                await self._run(release, f"release the lease of session {session_id!r}")
-            self._writer_channel(session_id)
-        held = self._leases.get(session_id)
-        if held is not None and held.epoch == epoch:
-            return held
-        self._leases[session_id] = lease
-        self._fenced.pop(session_id, None)
-        self._next_seq[session_id] = next_seq
+        lease = await self._run(take, f"take the write lease of session {session_id!r}")
+        self._held[session_id] = lease
+        self._next_seq.pop(session_id, None)
+        self._broken.pop(session_id, None)
+        self._marks.recover(session_id)
+        if self._send is not None:
+            # Wake a writer that waits without a renewal deadline; a full
+            # channel means it is busy and will see the lease anyway.
+            with contextlib.suppress(trio.WouldBlock):
+                self._send.send_nowait(None)
         return lease
 
-    async def release_lease(self, session_id: str) -> None:
-        """Wait for this store's appends to `session_id`, then give its lease up.
+    async def release_lease(self, lease: Lease) -> None:
+        """Give `lease` up so another writer may take the session at once.
 
-        Another owner may take the session at once. Releasing a lease this
-        store does not hold (or lost) only forgets the session's fence.
+        A lease that was already taken over is left alone. The epoch stays
+        used: writes still carrying it are refused.
 
-        Cancellation: during the wait for pending appends, the lease is kept
-        (releasing it would fence them); once the update started it completes.
+        Cancellation: takes effect before or after the update, never during it.
 
         Raises:
-            SessionFencedError: the lease was lost before the appends committed.
-            SessionError: an accepted append of the session failed (the lease
-                is kept until it expires unrenewed), or the database cannot
-                be reached.
+            SessionError: the database cannot be reached or written.
         """
-        self._fenced.pop(session_id, None)
-        lease = self._leases.get(session_id)
-        if lease is None:
-            await trio.lowlevel.checkpoint()
-            return
-        await self.flush(session_id)
-        if self._leases.get(session_id) is not lease:
-            return
-        del self._leases[session_id]
-        self._next_seq.pop(session_id, None)
+        if self._held.get(lease.session_id) == lease:
+            del self._held[lease.session_id]
 
-        def release(connection: _Connection) -> None:
-            _release(connection, [lease], self.owner)
+        def drop(connection: _Connection) -> None:
+            connection.execute(_DROP_LEASE.encode(), (lease.session_id, lease.epoch))
 
-        await self._run(release, f"release the lease of session {session_id!r}")
+        await self._run(drop, f"release the write lease of session {lease.session_id!r}")
 
-    def lease(self, session_id: str) -> Lease | None:
-        """The lease this store holds on `session_id`, if any (None when never taken or lost)."""
-        return self._leases.get(session_id)
-
-    async def append(self, session_id: str, events: Sequence[Event]) -> None:
+    async def append(
+        self, session_id: str, events: Sequence[Event], *, lease: Lease | None = None
+    ) -> None:
         """Hand `events` (contiguous seqs, continuing the session) to the writer.
 
-        Takes the session's lease first when this store does not hold it
-        (takeover on first touch). Returns once the writer accepted the
-        events, usually before they are durable: call `flush()` for that. A
-        full channel blocks the caller until the writer takes a batch
-        (backpressure). Appends to one session must not overlap (as with
-        `Session`, which appends one at a time).
+        Returns once the writer accepted them, usually before they are
+        durable: call `flush()` for that. A full channel blocks the caller
+        until the writer takes a batch (backpressure). Appends to one session
+        must not overlap (as with `Session`, which appends one at a time).
+        The commit refuses them if `lease` was taken over by then (or, with
+        no lease, if someone holds a live one).
 
         Cancellation: before the writer accepted the events, cancellation
         leaves the store unchanged and the same seqs may be appended again;
         after, the events are committed like any other.
 
         Raises:
-            SessionFencedError: this store lost the session's lease (it is
-                refused until `acquire_lease` takes the lease again).
-            SessionBusyError: another owner holds a live lease.
+            SessionFencedError: `lease` is no longer this store's lease on the
+                session (released, or taken over by another writer).
+            SessionBusyError: no `lease` was given but this store holds one.
             SessionError: the writer is not running (start it with
-                `await nursery.start(store.serve)`), a seq does not continue
-                the session, or an event cannot be written as JSON.
+                `await nursery.start(store.serve)`), the session is broken by
+                an earlier failed append, a seq does not continue the
+                session, or an event cannot be written as JSON.
             UnknownSessionError: the store has no such session.
         """
         self._writer_channel(session_id)
-        fenced = self._fenced.get(session_id)
-        if fenced is not None:
-            raise SessionFencedError(f"{fenced}; append refused") from fenced
-        lease = self._leases.get(session_id) or await self.acquire_lease(session_id)
+        self._check_writable(session_id, lease)
+        start = await self._expected_seq(session_id)
         send = self._writer_channel(session_id)
-        start = self._next_seq.get(session_id)
-        if start is None or self._leases.get(session_id) is not lease:
-            raise self._fenced.get(session_id) or SessionFencedError(
-                f"session {session_id!r}: {self._label} lost the lease while appending"
-            )
+        self._check_writable(session_id, lease)
         if not events:
             await trio.lowlevel.checkpoint()
             return
         request = _Append(
-            session_id=session_id, rows=_encode(session_id, lease.epoch, start, events)
+            session_id=session_id,
+            epoch=None if lease is None else lease.epoch,
+            rows=_encode(session_id, start, events),
         )
         end = start + len(events)
         self._next_seq[session_id] = end
@@ -483,32 +451,25 @@ class PostgresStore:
         finally:
             if not accepted and self._next_seq.get(session_id) == end:
                 self._next_seq[session_id] = start
-        if not request.durable:
+        if not request.done.is_set():
             self._unconfirmed.add(request)
 
     async def flush(self, session_id: str | None = None) -> None:
         """Return once every append accepted before this call is durable.
 
-        With `session_id`, only that session's appends are waited for (and
-        only their failures raise), so one fenced session does not fail the
-        flushes of the others. Waiters are woken by the commit that makes
+        With `session_id`, waits for that session's appends only, and raises
+        only for that session. Waiters are woken by the commit that makes
         their appends durable; with nothing pending this returns at once.
 
         Cancellation: abandons the wait; the appends are committed regardless.
 
         Raises:
-            SessionFencedError: `session_id` was fenced (its lease was lost).
-            SessionError: an accepted append was not committed (a failed
-                commit, a fenced session, or a missed shutdown grace); the
-                message names the sessions and seqs.
+            SessionFencedError: the session's lease was taken over.
+            SessionError: an accepted append was not committed (a refused or
+                failed commit, or a missed shutdown grace); the message names
+                the store, the sessions and the seqs.
         """
-        if session_id is None:
-            await self._wait_durable(list(self._unconfirmed))
-            return
-        await self._wait_durable([r for r in self._unconfirmed if r.session_id == session_id])
-        fenced = self._fenced.get(session_id)
-        if fenced is not None:
-            raise SessionFencedError(str(fenced)) from fenced
+        await self._wait_durable(session_id)
 
     async def list_sessions(self) -> list[str]:
         """Ids of every stored session, in creation order.
@@ -523,21 +484,36 @@ class PostgresStore:
             rows = connection.execute("SELECT id FROM harness_sessions ORDER BY position")
             return [str(session_id) for (session_id,) in rows]
 
-        return await self._run(select, "list sessions")
+        return await self._run(select, "list the sessions")
+
+    def durable_seq(self, session_id: str) -> int:
+        """The newest seq of `session_id` committed or loaded by this store; -1 when none."""
+        return self._marks.seq(session_id)
+
+    async def wait_durable(self, session_id: str, seq: int) -> None:
+        """Return once the writer committed `seq` of `session_id`.
+
+        Woken by the commit itself (no polling). Cancellation: cancellable;
+        the append is committed regardless.
+
+        Raises:
+            SessionError: an accepted append of the session failed to commit.
+        """
+        await self._marks.wait(session_id, seq)
 
     def statistics(self) -> PostgresStoreStatistics:
-        """The writer's queue, commit and lease counters, now."""
+        """The writer's queue, lease and commit counters, now."""
         send = self._send
         return PostgresStoreStatistics(
             pending_appends=sum(1 for r in self._unconfirmed if not r.done.is_set()),
             blocked_appenders=0 if send is None else send.statistics().tasks_waiting_send,
-            failed_appends=sum(1 for r in self._unconfirmed if r.error is not None),
-            fenced_appends=self._fenced_appends,
+            failed_appends=self._failed_appends,
+            broken_sessions=len(self._broken),
+            leases_held=len(self._held),
             commits=self._commits,
             events_written=self._events_written,
             largest_batch=self._largest_batch,
-            leases_held=len(self._leases),
-            fenced_sessions=len(self._fenced),
+            reconnects=self._reconnects,
         )
 
     @property
@@ -549,17 +525,38 @@ class PostgresStore:
         where = f"{params.get('host', 'localhost')}:{params.get('port', 5432)}"
         return f"PostgreSQL store '{where}/{params.get('dbname', '')}'"
 
-    def _writer_channel(self, session_id: str) -> trio.MemorySendChannel[_Append]:
+    def _writer_channel(self, session_id: str) -> trio.MemorySendChannel[_Append | None]:
         send = self._send
         if send is None:
             raise SessionError(
                 f"{self._label} is not running; start it with `await nursery.start(store.serve)` "
-                f"before writing to session {session_id!r}"
+                f"before appending to session {session_id!r}"
             )
         return send
 
-    async def _wait_durable(self, pending: list[_Append]) -> None:
-        """Wait until every request in `pending` is resolved; raise if one failed."""
+    def _check_writable(self, session_id: str, lease: Lease | None) -> None:
+        broken = self._broken.get(session_id)
+        if broken is not None:
+            raise broken.with_traceback(None)
+        held = self._held.get(session_id)
+        if lease is not None and held != lease:
+            raise SessionFencedError(
+                f"{self._label}: session {session_id!r}: the write lease of epoch "
+                f"{lease.epoch} is no longer held by this store (released or taken over)",
+                session_id=session_id,
+                epoch=lease.epoch,
+            )
+        if lease is None and held is not None:
+            raise SessionBusyError(
+                f"{self._label}: session {session_id!r} is busy: this store holds its write "
+                f"lease for {held.owner} (epoch {held.epoch}); write through that lease",
+                session_id=session_id,
+                holder=held.owner,
+            )
+
+    async def _wait_durable(self, session_id: str | None) -> None:
+        """Wait for the pending appends (of `session_id`, or all); raise if any session broke."""
+        pending = [r for r in self._unconfirmed if session_id is None or r.session_id == session_id]
         waited = False
         for request in pending:
             if not request.done.is_set():
@@ -567,27 +564,47 @@ class PostgresStore:
                 waited = True
         if not waited:
             await trio.lowlevel.checkpoint()
-        failed = [request.error for request in pending if request.error is not None]
-        if failed:
-            kind = SessionFencedError if isinstance(failed[0], SessionFencedError) else SessionError
-            raise kind(
-                f"{len(failed)} accepted append(s) are not durable; first failure: {failed[0]}"
-            ) from failed[0]
+        if session_id is not None:
+            broken = self._broken.get(session_id)
+            if broken is not None:
+                raise broken.with_traceback(None)
+        elif self._broken:
+            first = next(iter(self._broken.values()))
+            raise SessionError(
+                f"{self._label}: {len(self._broken)} session(s) hold accepted appends that are "
+                f"not durable; first failure: {first}"
+            ) from first
 
-    async def _run(self, work: Callable[[_Connection], _T], what: str) -> _T:
-        """Run `work` on a pooled (or, when the writer is stopped, a new) connection in a thread."""
+    async def _expected_seq(self, session_id: str) -> int:
+        """The seq the next event of `session_id` must have, counting accepted appends."""
+        if session_id not in self._next_seq:
+
+            def select(connection: _Connection) -> int:
+                if not _has_session(connection, session_id):
+                    raise UnknownSessionError(f"session {session_id!r} is not in {self._label}")
+                return _next_stored_seq(connection, session_id)
+
+            stored = await self._run(select, f"read the last seq of session {session_id!r}")
+            self._next_seq.setdefault(session_id, stored)
+        return self._next_seq[session_id]
+
+    async def _run(self, work: Callable[[_Connection], _T], doing: str) -> _T:
+        """Run `work` on a pooled (or, when the writer is stopped, a new) connection in a thread.
+
+        A raw `psycopg.Error` becomes a `SessionError` naming the store and `doing`.
+        """
         connection = self._idle.pop() if self._idle else None
 
         def call() -> _T:
             nonlocal connection
             if connection is None:
-                connection = self._connect()
+                connection = self._connect("reader")
             return work(connection)
 
         try:
             return await trio.to_thread.run_sync(call)
         except psycopg.Error as exc:
-            raise SessionError(f"{self._label}: cannot {what}: {exc}") from exc
+            raise SessionError(f"{self._label}: cannot {doing}: {exc}") from exc
         finally:
             if connection is not None:
                 reusable = not connection.closed and not connection.broken
@@ -596,34 +613,48 @@ class PostgresStore:
                 else:
                     connection.close()
 
+    def _busy_error(self, connection: _Connection, session_id: str) -> SessionError:
+        rows = connection.execute(_LEASE_ROWS.encode(), ([session_id],)).fetchall()
+        if not rows:
+            return SessionError(
+                f"{self._label}: the lease of session {session_id!r} changed hands while "
+                "being taken; try again"
+            )
+        _, owner, epoch, expires_ms, now_ms = rows[0]
+        return SessionBusyError(
+            f"{self._label}: session {session_id!r} is busy: another live writer holds it: "
+            f"{describe_holder(str(owner), int(epoch), int(expires_ms), int(now_ms))}",
+            session_id=session_id,
+            holder=str(owner),
+        )
+
     # The writer actor.
 
     async def _write_until_cancelled(
         self,
         connection: _Connection,
-        receive: trio.MemoryReceiveChannel[_Append],
+        receive: trio.MemoryReceiveChannel[_Append | None],
         task_status: trio.TaskStatus[None],
     ) -> None:
-        failure: SessionError | None = None
+        # The channel carries appends, and None when a lease was taken (so a
+        # writer waiting without a renewal deadline sets one).
+        renew_every = self.lease_ttl / 3
+        next_renewal = trio.current_time() + renew_every
         try:
             task_status.started()
-            renew_at = trio.current_time() + self.lease_seconds / 3
-            while failure is None:
-                batch: list[_Append] = []
-                with trio.move_on_at(renew_at):
-                    batch.append(await receive.receive())
-                batch.extend(_drain(receive))
-                # A taken batch is always written: the thread cannot be
-                # interrupted anyway, and dropping it would lose accepted events.
-                with trio.CancelScope(shield=True):
-                    if trio.current_time() >= renew_at:
-                        failure = await self._renew(connection)
-                        renew_at = trio.current_time() + self.lease_seconds / 3
-                    if failure is None and batch:
-                        failure = await self._commit(connection, batch)
-                    elif failure is not None:
-                        self._fail(batch, failure)
-            raise failure
+            while True:
+                with trio.move_on_at(next_renewal if self._held else math.inf):
+                    first = await receive.receive()
+                    batch = [r for r in (first, *_drain(receive)) if r is not None]
+                    # A taken batch is always written: the thread cannot be
+                    # interrupted anyway, and dropping it would lose accepted events.
+                    if batch:
+                        with trio.CancelScope(shield=True):
+                            connection = await self._commit(connection, batch)
+                if self._held and trio.current_time() >= next_renewal:
+                    with trio.CancelScope(shield=True):
+                        connection = await self._renew(connection)
+                    next_renewal = trio.current_time() + renew_every
         finally:
             # Stop accepting first: taking what is left also admits the
             # appenders blocked on the full channel, and closing makes later
@@ -631,170 +662,150 @@ class PostgresStore:
             leftover = _drain(receive)
             receive.close()
             self._send = None
-            if failure is None:
-                await self._commit_at_shutdown(connection, leftover)
-            else:
-                connection.close()
-                self._fail(leftover, failure)
+            await self._commit_at_shutdown(connection, leftover)
 
-    def _fail(self, batch: list[_Append], failure: SessionError) -> None:
-        if batch:
-            self._resolve(
-                batch,
-                set(),
-                SessionError(
-                    f"{self._label}: {_describe(batch)} not written "
-                    f"because an earlier commit failed: {failure}"
-                ),
-            )
+    async def _usable(self, connection: _Connection) -> _Connection:
+        """`connection`, or a new writer connection when it broke (raises `SessionError`)."""
+        if not connection.closed and not connection.broken:
+            return connection
+        connection.close()
+        replacement = await trio.to_thread.run_sync(self._connect, "writer")
+        self._reconnects += 1
+        return replacement
 
-    async def _commit(self, connection: _Connection, batch: list[_Append]) -> SessionError | None:
-        """Write `batch` in one transaction; resolve its appends; return the failure, if any."""
+    async def _commit(self, connection: _Connection, batch: list[_Append]) -> _Connection:
+        """Write `batch` in one transaction and resolve its appends, session by session.
+
+        Returns the connection to use next (a new one when this one broke).
+        """
         try:
-            written, holders = await trio.to_thread.run_sync(
-                _insert_rows, connection, _rows_of(batch), self.owner
-            )
-        except psycopg.Error as exc:
+            connection = await self._usable(connection)
+            refusals = await trio.to_thread.run_sync(_insert_batch, connection, _groups_of(batch))
+        except (psycopg.Error, SessionError) as exc:
             error = SessionError(f"{self._label}: could not commit {_describe(batch)}: {exc}")
             error.__cause__ = exc
-            self._resolve(batch, set(), error)
-            return error
-        self._fence_sessions(holders)
-        self._resolve(batch, written, None)
-        return None
+            self._resolve(batch, {request.session_id: error for request in batch})
+            return connection
+        self._resolve(
+            batch, {sid: self._refusal_error(sid, batch, r) for sid, r in refusals.items()}
+        )
+        return connection
 
-    async def _renew(self, connection: _Connection) -> SessionError | None:
-        """Extend every lease this store holds; fence the sessions whose lease was lost."""
-        leases = list(self._leases.values())
-        if not leases:
-            return None
-        try:
-            holders = await trio.to_thread.run_sync(
-                _renew_leases, connection, leases, self.owner, self.lease_seconds
-            )
-        except psycopg.Error as exc:
-            error = SessionError(f"{self._label}: could not renew {len(leases)} lease(s): {exc}")
-            error.__cause__ = exc
-            return error
-        self._fence_sessions(holders)
-        return None
+    def _refusal_error(
+        self, session_id: str, batch: list[_Append], refusal: _Refusal
+    ) -> SessionError:
+        kind, reason, holder = refusal
+        requests = [request for request in batch if request.session_id == session_id]
+        message = f"{self._label}: refused {_describe(requests)}: {reason}"
+        if kind == "fenced":
+            epoch = requests[0].epoch
+            return SessionFencedError(message, session_id=session_id, epoch=epoch or 0)
+        if kind == "busy":
+            return SessionBusyError(message, session_id=session_id, holder=holder)
+        return SessionError(message)
 
     async def _commit_at_shutdown(self, connection: _Connection, batch: list[_Append]) -> None:
-        """Commit `batch`, release the leases and close, shielded and bounded by `shutdown_grace`.
+        """Commit `batch` and close the connection, shielded and bounded by `shutdown_grace`.
 
         When the grace runs out the worker thread is abandoned: it finishes
         (or fails) on its own and closes the connection itself, so the
         connection is never used by two threads.
         """
-        error: SessionError | None = None
-        leases = list(self._leases.values())
-        self._leases.clear()
-        self._next_seq.clear()
-        written: set[tuple[str, int]] = set()
-        holders: dict[str, _Holder] = {}
+        errors: dict[str, SessionError] = {}
+        failure: SessionError | None = None
         with trio.move_on_after(self.shutdown_grace, shield=True) as grace:
             try:
-                written, holders = await trio.to_thread.run_sync(
-                    _insert_release_and_close,
+                if batch:
+                    connection = await self._usable(connection)
+                refusals = await trio.to_thread.run_sync(
+                    _insert_batch_and_close,
                     connection,
-                    _rows_of(batch),
-                    leases,
-                    self.owner,
+                    _groups_of(batch),
                     abandon_on_cancel=True,
                 )
-            except psycopg.Error as exc:
-                error = SessionError(
+            except (psycopg.Error, SessionError) as exc:
+                failure = SessionError(
                     f"{self._label}: could not commit {_describe(batch)} at shutdown: {exc}"
                 )
-                error.__cause__ = exc
-        if grace.cancelled_caught:
-            error = SessionError(
-                f"{self._label}: committing {_describe(batch)} and releasing {len(leases)} "
-                f"lease(s) at shutdown took longer than {self.shutdown_grace} s; the events "
-                "may not be durable"
-            )
-        self._fence_sessions(holders)
-        self._resolve(batch, written, error)
-        if error is not None and (batch or leases):
-            raise error
-
-    def _fence_sessions(self, holders: dict[str, _Holder]) -> None:
-        """Record that this store lost the lease of every session in `holders`."""
-        for session_id, holder in holders.items():
-            lease = self._leases.pop(session_id, None)
-            self._next_seq.pop(session_id, None)
-            lost = f"epoch {lease.epoch}" if lease is not None else "its lease"
-            if holder.owner is None:
-                now = "the lease is free"
-            elif lease is not None and (holder.owner, holder.epoch) == (self.owner, lease.epoch):
-                now = "its seqs were taken by a writer that bypassed the lease"
+                failure.__cause__ = exc
             else:
-                now = f"{holder.owner!r} holds it at epoch {holder.epoch}"
-            self._fenced[session_id] = SessionFencedError(
-                f"session {session_id!r}: {self._label} (owner {self.owner!r}) lost {lost} "
-                f"of the session's lease; {now}"
+                errors = {sid: self._refusal_error(sid, batch, r) for sid, r in refusals.items()}
+        if grace.cancelled_caught and batch:
+            failure = SessionError(
+                f"{self._label}: committing {_describe(batch)} at shutdown took longer than "
+                f"{self.shutdown_grace} s; they may not be durable"
             )
+        if failure is not None:
+            errors = {request.session_id: failure for request in batch}
+        self._resolve(batch, errors)
+        if failure is not None and batch:
+            raise failure
 
-    def _resolve(
-        self, batch: list[_Append], written: set[tuple[str, int]], error: SessionError | None
-    ) -> None:
-        """Settle `batch`: durable where written, fenced where refused, or all failed with `error`.
-
-        Wakes the flushes waiting on it.
-        """
+    def _resolve(self, batch: list[_Append], errors: dict[str, SessionError]) -> None:
+        """Mark `batch` committed (or failed per `errors`) and wake the flushes waiting on it."""
         committed = 0
         for request in batch:
+            error = errors.get(request.session_id)
+            request.error = error
             request.done.set()
-            if error is not None:
-                request.error = error
-                self._unconfirmed.add(request)
-            elif all((sid, seq) in written for sid, seq, *_ in request.rows):
+            self._unconfirmed.discard(request)
+            if error is None:
                 committed += 1
-                self._unconfirmed.discard(request)
+                self._events_written += len(request.rows)
+                if request.rows:
+                    self._marks.advance(request.session_id, request.rows[-1][1])
             else:
-                fenced = self._fenced.get(request.session_id)
-                request.error = SessionFencedError(
-                    f"{_describe([request])} refused: "
-                    f"{fenced or 'the seqs were already taken by another writer'}"
-                )
-                self._fenced_appends += 1
-                self._unconfirmed.discard(request)
+                self._failed_appends += 1
+                self._broken.setdefault(request.session_id, error)
+                self._marks.fail(request.session_id, error)
         if committed:
             self._commits += 1
-            self._events_written += sum(
-                len(request.rows) for request in batch if request.error is None
-            )
             self._largest_batch = max(self._largest_batch, committed)
 
-    def _busy_error(self, connection: _Connection, session_id: str) -> SessionError:
-        row = connection.execute(
-            "SELECT owner, epoch, EXTRACT(EPOCH FROM lease_expires - clock_timestamp()) "
-            "FROM harness_sessions WHERE id = %s",
-            (session_id,),
-        ).fetchone()
-        if row is None:
-            return UnknownSessionError(f"session {session_id!r} is not in {self._label}")
-        owner, epoch, remaining = row
-        return SessionBusyError(
-            f"session {session_id!r} is being written by {owner!r} (lease epoch {epoch}, "
-            f"expires in {float(remaining):.1f} s); {self._label} refuses a second writer"
-        )
+    async def _renew(self, connection: _Connection) -> _Connection:
+        """Extend every held lease; a lease found taken over breaks its session here.
+
+        A renewal that cannot be written (the database is unreachable) is
+        retried at the next period: missing renewals can only let another
+        writer take over, and fencing refuses this store's writes from then on.
+        Returns the connection to use next.
+        """
+        held = list(self._held.values())
+        try:
+            connection = await self._usable(connection)
+            lost = await trio.to_thread.run_sync(_renew_leases, connection, held, self.lease_ttl)
+        except (psycopg.Error, SessionError):
+            return connection
+        for lease in lost:
+            if self._held.get(lease.session_id) == lease:
+                del self._held[lease.session_id]
+                self._broken.setdefault(
+                    lease.session_id,
+                    SessionFencedError(
+                        f"{self._label}: session {lease.session_id!r}: the write lease of epoch "
+                        f"{lease.epoch} was taken over by another writer; this store's writes "
+                        "to it are refused",
+                        session_id=lease.session_id,
+                        epoch=lease.epoch,
+                    ),
+                )
+        return connection
 
     # Blocking database work; each runs in a worker thread.
 
-    def _connect(self, role: str = "reader") -> _Connection:
-        """A new autocommit connection, named `harness <role> <owner>` in `pg_stat_activity`."""
+    def _connect(self, role: str) -> _Connection:
+        """A new autocommit connection, shown as `harness <role>` in `pg_stat_activity`."""
         try:
             connection = psycopg.connect(
                 self.dsn,
                 autocommit=True,
                 connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                application_name=f"harness {role} {self.owner}"[:63],
+                application_name=f"harness {role}",
             )
         except psycopg.Error as exc:
             raise SessionError(f"{self._label}: cannot connect: {exc}") from exc
         try:
-            # A benign race: two first connections may both run the idempotent setup.
+            # A benign race: two first connections may both run the (locked) setup.
             if not self._schema_ready:
                 ensure_schema(connection, self._label)
                 self._schema_ready = True
@@ -806,27 +817,6 @@ class PostgresStore:
             raise
         return connection
 
-    def _select_events(self, connection: _Connection, session_id: str) -> list[tuple[int, Any]]:
-        """The session's `(seq, decoded JSON)` pairs, each checked against its checksum."""
-        with connection.transaction():  # one snapshot for the check and the read
-            if not _has_session(connection, session_id):
-                raise UnknownSessionError(f"session {session_id!r} is not in {self._label}")
-            rows = connection.execute(
-                "SELECT seq, checksum, event FROM harness_events "
-                "WHERE session_id = %s ORDER BY seq",
-                (session_id,),
-            ).fetchall()
-        return [
-            (int(seq), _parse(session_id, int(seq), int(sum_), text)) for seq, sum_, text in rows
-        ]
-
-
-def _one(connection: _Connection, query: str, params: Sequence[object]) -> tuple[Any, ...]:
-    row = connection.execute(query.encode(), params).fetchone()
-    if row is None:
-        raise SessionError(f"query returned no row: {query}")
-    return row
-
 
 def _has_session(connection: _Connection, session_id: str) -> bool:
     row = connection.execute(
@@ -835,104 +825,171 @@ def _has_session(connection: _Connection, session_id: str) -> bool:
     return row is not None
 
 
-def _insert_rows(
-    connection: _Connection, rows: list[_Row], owner: str
-) -> tuple[set[tuple[str, int]], dict[str, _Holder]]:
-    """Insert the rows whose lease still matches, in one transaction.
+def _next_stored_seq(connection: _Connection, session_id: str) -> int:
+    row = connection.execute(
+        "SELECT COALESCE(MAX(seq) + 1, 0) FROM harness_events WHERE session_id = %s",
+        (session_id,),
+    ).fetchone()
+    return 0 if row is None else int(row[0])
 
-    Returns the `(session_id, seq)` pairs written and, for every session
-    with a row refused, who holds its lease now. A session is written whole
-    or not at all: rows of a partly refused session are taken back before
-    the commit, so a log never interleaves two writers.
+
+def _select_events(connection: _Connection, session_id: str, label: str) -> list[tuple[int, Any]]:
+    """The session's `(seq, parsed JSON)` pairs, each row checked against its checksum and seq."""
+    where = f"{label}: session {session_id!r}"
+    with connection.transaction():  # one snapshot for the check and the read
+        if not _has_session(connection, session_id):
+            raise UnknownSessionError(f"session {session_id!r} is not in {label}")
+        rows = connection.execute(
+            "SELECT seq, event, checksum FROM harness_events WHERE session_id = %s ORDER BY seq",
+            (session_id,),
+        ).fetchall()
+    parsed: list[tuple[int, Any]] = []
+    for expected, (seq, text, checksum) in enumerate(rows):
+        if seq != expected:
+            raise SessionError(f"{where}: stored seqs jump from {expected - 1} to {seq}")
+        if checksum != event_checksum(session_id, seq, text):
+            raise SessionError(
+                f"{where}: stored event seq {seq} fails its checksum (the row is damaged)"
+            )
+        try:
+            parsed.append((seq, json.loads(text)))
+        except json.JSONDecodeError as exc:
+            raise SessionError(f"{where}: stored event seq {seq} is not valid JSON: {exc}") from exc
+    return parsed
+
+
+def _refusal(group: _Group, lease: tuple[Any, ...] | None, stored: int) -> _Refusal | None:
+    """Why `group` may not be committed (the lease, then the seq check), or None.
+
+    `lease` is the session's `(owner, epoch, expires_ms, now_ms)` row, read
+    under a share lock; `stored` the next seq the database holds.
     """
-    if not rows:
-        return set(), {}
-    with connection.transaction():
-        columns = [list(column) for column in zip(*rows, strict=True)]
-        written = {
-            (str(sid), int(seq))
-            for sid, seq in connection.execute(_INSERT_BATCH.encode(), [*columns, owner])
-        }
-        refused = {sid for sid, seq, *_ in rows if (sid, seq) not in written}
-        if not refused:
-            return written, {}
-        taken_back = [(sid, seq) for sid, seq in written if sid in refused]
-        if taken_back:
-            sids, seqs = zip(*taken_back, strict=True)
-            connection.execute(
-                "DELETE FROM harness_events AS e USING unnest(%s::text[], %s::bigint[]) "
-                "AS r (session_id, seq) WHERE e.session_id = r.session_id AND e.seq = r.seq",
-                (list(sids), list(seqs)),
+    if group.epoch is not None:
+        if lease is None or lease[0] is None or lease[1] != group.epoch:
+            if lease is None or lease[0] is None:
+                now_held = "nobody holds it now"
+            else:
+                now_held = f"it is held by {describe_holder(*lease)}"
+            return (
+                "fenced",
+                f"the write lease of epoch {group.epoch} was taken over or released ({now_held})",
+                "" if lease is None or lease[0] is None else str(lease[0]),
             )
-        holders = _holders(connection, refused)
-    return {pair for pair in written if pair[0] not in refused}, holders
-
-
-def _renew_leases(
-    connection: _Connection, leases: list[Lease], owner: str, seconds: float
-) -> dict[str, _Holder]:
-    """Extend `leases`; return who holds each lease that could not be renewed."""
-    with connection.transaction():
-        renewed = {
-            str(sid)
-            for (sid,) in connection.execute(
-                _RENEW_LEASES.encode(),
-                (
-                    seconds,
-                    [lease.session_id for lease in leases],
-                    [lease.epoch for lease in leases],
-                    owner,
-                ),
-            )
-        }
-        lost = {lease.session_id for lease in leases} - renewed
-        return _holders(connection, lost) if lost else {}
-
-
-def _release(connection: _Connection, leases: list[Lease], owner: str) -> None:
-    if leases:
-        connection.execute(
-            _RELEASE_LEASES.encode(),
-            ([lease.session_id for lease in leases], [lease.epoch for lease in leases], owner),
+    elif lease is not None and lease[0] is not None and lease[2] > lease[3]:
+        return (
+            "busy",
+            f"another live writer holds the session: {describe_holder(*lease)}",
+            str(lease[0]),
         )
+    first = group.rows[0][1]
+    if stored != first:
+        return (
+            "conflict",
+            f"the store's next seq for the session is {stored}, not {first} "
+            "(another writer appended to it)",
+            "",
+        )
+    return None
 
 
-def _insert_release_and_close(
-    connection: _Connection, rows: list[_Row], leases: list[Lease], owner: str
-) -> tuple[set[tuple[str, int]], dict[str, _Holder]]:
+def _insert_batch(connection: _Connection, groups: list[_Group]) -> dict[str, _Refusal]:
+    """Insert every admissible group in one transaction; the refused ones, by session.
+
+    The lease rows are read `FOR SHARE`, so no takeover commits between the
+    check and the insert. Rows that conflict with rows another writer
+    committed meanwhile refuse their whole session (its inserted rows are
+    deleted again before the commit). Any database error rolls the whole
+    transaction back and propagates.
+    """
+    if not groups:
+        return {}
+    refused: dict[str, _Refusal] = {}
+    session_ids = [group.session_id for group in groups]
+    with connection.transaction():
+        leases = {
+            str(row[0]): tuple(row[1:])
+            for row in connection.execute(
+                (_LEASE_ROWS + " ORDER BY session_id FOR SHARE").encode(), (session_ids,)
+            )
+        }
+        stored = {
+            str(sid): int(next_seq)
+            for sid, next_seq in connection.execute(_NEXT_SEQS.encode(), (session_ids,))
+        }
+        admitted: list[_Group] = []
+        for group in groups:
+            refusal = _refusal(group, leases.get(group.session_id), stored.get(group.session_id, 0))
+            if refusal is None:
+                admitted.append(group)
+            else:
+                refused[group.session_id] = refusal
+        rows = [row for group in admitted for row in group.rows]
+        if rows:
+            columns = [list(column) for column in zip(*rows, strict=True)]
+            written = {
+                (str(sid), int(seq))
+                for sid, seq in connection.execute(_INSERT_ROWS.encode(), columns)
+            }
+            taken_back: list[tuple[str, int]] = []
+            for group in admitted:
+                inserted = [(sid, seq) for sid, seq, *_ in group.rows if (sid, seq) in written]
+                if len(inserted) < len(group.rows):
+                    taken_back.extend(inserted)
+                    refused[group.session_id] = (
+                        "conflict",
+                        "another writer committed some of these seqs meanwhile",
+                        "",
+                    )
+            if taken_back:
+                sids, seqs = zip(*taken_back, strict=True)
+                connection.execute(_TAKE_BACK.encode(), (list(sids), list(seqs)))
+    return refused
+
+
+def _insert_batch_and_close(connection: _Connection, groups: list[_Group]) -> dict[str, _Refusal]:
     with connection:
-        written, holders = _insert_rows(connection, rows, owner)
-        _release(connection, leases, owner)
-    return written, holders
+        return _insert_batch(connection, groups)
 
 
-def _holders(connection: _Connection, session_ids: Iterable[str]) -> dict[str, _Holder]:
-    rows = connection.execute(_HOLDERS.encode(), (list(session_ids),)).fetchall()
-    return {
-        str(sid): _Holder(None if owner is None else str(owner), int(epoch))
-        for sid, owner, epoch in rows
+def _renew_leases(connection: _Connection, leases: list[Lease], ttl: float) -> list[Lease]:
+    """Extend `leases` by `ttl` seconds from the database's now; the ones found taken over."""
+    renewed = {
+        str(sid)
+        for (sid,) in connection.execute(
+            _RENEW_LEASES.encode(),
+            (ttl, [lease.session_id for lease in leases], [lease.epoch for lease in leases]),
+        )
     }
+    return [lease for lease in leases if lease.session_id not in renewed]
 
 
-def _rows_of(batch: Iterable[_Append]) -> list[_Row]:
-    return [row for request in batch for row in request.rows]
+def _groups_of(batch: Iterable[_Append]) -> list[_Group]:
+    """The batch's rows per session, in first-append order (a session's appends are contiguous)."""
+    groups: dict[str, _Group] = {}
+    for request in batch:
+        group = groups.get(request.session_id)
+        if group is None:
+            groups[request.session_id] = _Group(
+                session_id=request.session_id, epoch=request.epoch, rows=list(request.rows)
+            )
+        else:
+            group.rows.extend(request.rows)
+    return list(groups.values())
 
 
-def _drain(receive: trio.MemoryReceiveChannel[_Append]) -> list[_Append]:
-    """Everything the channel holds now, including values of blocked senders."""
+def _drain(receive: trio.MemoryReceiveChannel[_Append | None]) -> list[_Append]:
+    """Every append the channel holds now, including those of blocked senders."""
     taken: list[_Append] = []
     while True:
         try:
-            taken.append(receive.receive_nowait())
+            request = receive.receive_nowait()
         except trio.WouldBlock:
             return taken
+        if request is not None:
+            taken.append(request)
 
 
-def _checksum(text: str) -> int:
-    return zlib.crc32(text.encode())
-
-
-def _encode(session_id: str, epoch: int, start: int, events: Sequence[Event]) -> list[_Row]:
+def _encode(session_id: str, start: int, events: Sequence[Event]) -> list[_Row]:
     rows: list[_Row] = []
     for expected, event in enumerate(events, start):
         if event.seq != expected:
@@ -947,38 +1004,22 @@ def _encode(session_id: str, epoch: int, start: int, events: Sequence[Event]) ->
                 f"session {session_id!r}: event seq {event.seq} ({event.type}) "
                 f"cannot be stored as JSON: {exc}"
             ) from exc
-        rows.append((session_id, event.seq, epoch, _checksum(text), text))
+        rows.append((session_id, event.seq, text, event_checksum(session_id, event.seq, text)))
     return rows
 
 
-def _parse(session_id: str, seq: int, checksum: int, text: str) -> Any:
-    """The stored JSON text of one event, checked and parsed (no cattrs: thread-safe)."""
-    actual = _checksum(text)
-    if actual != checksum:
-        raise SessionError(
-            f"session {session_id!r}: stored event seq {seq} fails its checksum "
-            f"(stored {checksum:08x}, computed {actual:08x}); the row was altered or damaged"
-        )
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SessionError(
-            f"session {session_id!r}: stored event seq {seq} is not valid JSON: {exc}"
-        ) from exc
-
-
-def _decode(session_id: str, seq: int, obj: Any) -> Event:
+def _decode(where: str, seq: int, obj: Any) -> Event:
     try:
         return event_from_json(obj)
     except SessionError as exc:
-        raise type(exc)(f"session {session_id!r}: {exc}") from exc
+        raise type(exc)(f"{where}: {exc}") from exc
 
 
 def _describe(batch: Iterable[_Append]) -> str:
     """`session 'a' seq 3..5, session 'b' seq 0..0`: what a batch holds, per session."""
     spans: dict[str, tuple[int, int]] = {}
     for request in batch:
-        for session_id, seq, *_ in request.rows:
+        for session_id, seq, _, _ in request.rows:
             low, high = spans.get(session_id, (seq, seq))
             spans[session_id] = (min(low, seq), max(high, seq))
     if not spans:

@@ -150,17 +150,6 @@ class PostgresBackend:
         return int(row[0])
 
 
-async def prepare_writes(store: SessionStore, session_ids: str | list[str]) -> None:
-    """Take every lease a write to `session_ids` needs now, so later writes make no reads.
-
-    Tests that count blocked tasks need this: a store reading in a worker
-    thread also counts as blocked.
-    """
-    if isinstance(store, PostgresStore):
-        for session_id in session_ids:
-            await store.acquire_lease(session_id)
-
-
 @asynccontextmanager
 async def serving(store: SessionStore) -> AsyncIterator[SessionStore]:
     """Run the store's writer for the body; leaving cancels it (and so commits what it accepted)."""

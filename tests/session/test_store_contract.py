@@ -31,7 +31,6 @@ from tests.session.store_helpers import (
     SQLiteBackend,
     WriterBackend,
     append_sample_log,
-    prepare_writes,
     serving,
     turn_start,
     user,
@@ -228,7 +227,6 @@ async def test_flush_waits_until_appends_are_durable(writer_backend: WriterBacke
 
     async with serving(store):
         await store.create("s")
-        await prepare_writes(store, ["s"])
         with writer_backend.write_locked():
             await store.append("s", [turn_start(0)])
             async with trio.open_nursery() as nursery:
@@ -258,7 +256,6 @@ async def test_cancelling_serve_commits_the_events_it_accepted(
     async with trio.open_nursery() as nursery:
         await nursery.start(store.serve)
         session = await Session.create(store, "s")
-        await prepare_writes(store, ["s"])
         with writer_backend.write_locked():
             for turn in range(5):
                 await session.append(TurnStart(turn=turn))
@@ -282,7 +279,6 @@ async def test_full_channel_blocks_the_appender(writer_backend: WriterBackend) -
     async with serving(store):
         for session_id in "abc":
             await store.create(session_id)
-        await prepare_writes(store, list("abc"))
         async with trio.open_nursery() as nursery:
             with writer_backend.write_locked():
                 for session_id in "abc":
@@ -306,7 +302,6 @@ async def test_appenders_blocked_at_shutdown_are_accepted_and_committed(
         await writer.start(store.serve)
         for session_id in "abc":
             await store.create(session_id)
-        await prepare_writes(store, list("abc"))
         with writer_backend.write_locked():
             for session_id in "abc":
                 appenders.start_soon(store.append, session_id, [turn_start(0)])
@@ -324,7 +319,6 @@ async def test_an_append_cancelled_while_blocked_leaves_its_seq_free(
     async with serving(store):
         for session_id in "abc":
             await store.create(session_id)
-        await prepare_writes(store, list("abc"))
         with writer_backend.write_locked():
             await store.append("a", [turn_start(0)])
             await trio.testing.wait_all_tasks_blocked()
