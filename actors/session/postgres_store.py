@@ -22,7 +22,10 @@ asyncio, so every database call is a blocking psycopg call in a
   writer committed, is refused as a whole (rows it got in are taken back
   before the commit, so two writers never interleave); the batch's other
   sessions commit. The writer renews this store's leases every third of
-  `lease_ttl`; a lease found taken over breaks its session here.
+  `lease_ttl`; a lease found taken over breaks its session here. A writer
+  stalled inside a commit (SIGSTOP, a paused VM) would hold its share locks
+  and so every takeover; the server ends such a transaction after one
+  lease length (`idle_in_transaction_session_timeout`).
 - **Exact events, checked.** Each event is stored as its compact JSON text
   with its checksum (`actors/session/checksum.py`). Loading fetches the text
   as text (no driver-side JSON parsing); the worker thread verifies every
@@ -805,6 +808,14 @@ class PostgresStore:
         except psycopg.Error as exc:
             raise SessionError(f"{self._label}: cannot connect: {exc}") from exc
         try:
+            if role == "writer":
+                # A writer stalled inside a commit (SIGSTOP, a paused VM) holds share
+                # locks on lease rows, which would hold up every takeover until it
+                # resumed; the server ends such a transaction after one lease length.
+                connection.execute(
+                    "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                    (str(max(1, round(self.lease_ttl * 1000))),),
+                )
             # A benign race: two first connections may both run the (locked) setup.
             if not self._schema_ready:
                 ensure_schema(connection, self._label)

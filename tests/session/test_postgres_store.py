@@ -85,7 +85,7 @@ async def test_the_schema_is_created_on_first_use(postgres_dsn: str) -> None:
     assert await PostgresStore(postgres_dsn).list_sessions() == []
     assert sql(postgres_dsn, "SELECT version FROM harness_schema") == [(SCHEMA_VERSION,)]
     tables = sql(
-        postgres_dsn, "SELECT tablename FROM pg_tables WHERE starts_with(tablename, 'harness_')"
+        postgres_dsn, "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
     )
     assert sorted(name for (name,) in tables) == [
         "harness_events",
