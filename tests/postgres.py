@@ -70,8 +70,11 @@ class PostgresServer:
     _schemas: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
 
     @classmethod
-    def start(cls) -> PostgresServer:
+    def start(cls, *, durable: bool = False) -> PostgresServer:
         """initdb into a new temp dir and start the server on a free loopback port.
+
+        Tests run with `fsync=off` (a crash of the test machine loses nothing
+        that matters); `durable=True` keeps PostgreSQL's defaults, for benchmarks.
 
         Raises:
             PostgresUnavailable: the binaries are missing.
@@ -96,10 +99,10 @@ class PostgresServer:
         log = (root / "server.log").open("wb")
         if user is not None:
             os.chown(root / "server.log", user.pw_uid, user.pw_gid)
+        fast = [] if durable else ["-c", "fsync=off", "-c", "full_page_writes=off"]
         process = subprocess.Popen(
             [binaries / "postgres", "-D", data, "-p", str(port), "-k", root,
-             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-             "-c", "full_page_writes=off", "-c", "max_connections=200"],
+             "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200", *fast],
             cwd=root, stdout=log, stderr=subprocess.STDOUT, **as_user,
         )  # fmt: skip
         log.close()
