@@ -67,7 +67,8 @@ class Session:
 
     Events get contiguous `seq` numbers from 0 and a wall-clock `time`.
     `append` queues an event to the store (with backpressure) and returns it;
-    `flush` waits until everything appended so far is durable. The
+    `flush` waits until everything appended so far is durable;
+    `durable_seq`, `wait_durable` and `watch` show only durable events. The
     model-visible message list is maintained incrementally, so deriving it
     costs the same at turn 1 and turn 500.
 
@@ -82,7 +83,8 @@ class Session:
     lease: Lease | None = attrs.field(default=None, kw_only=True)
     _events: list[Event] = attrs.field(factory=list, alias="events")
     _surface: list[Message] = attrs.field(factory=list, init=False)
-    _watchers: list[trio.MemorySendChannel[Event]] = attrs.field(factory=list, init=False)
+    _extended: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _extension_waited: bool = attrs.field(default=False, init=False)
     _append_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -236,40 +238,90 @@ class Session:
                 for event in events:
                     if event.is_surface:
                         self._surface.append(message_of(event))
-            if self._watchers:
-                for event in events:
-                    self._notify(event)
+            if self._extension_waited:
+                self._extension_waited = False
+                self._extended.set()
+                self._extended = trio.Event()
             return events
         finally:
             self._append_lock.release()
 
-    def _notify(self, event: Event) -> None:
-        for watcher in list(self._watchers):
-            try:
-                watcher.send_nowait(event)
-            except trio.WouldBlock:
-                # Disconnect the slow consumer rather than block the log or drop silently.
-                self._watchers.remove(watcher)
-                watcher.close()
+    @property
+    def durable_seq(self) -> int:
+        """The newest seq durable in the store (and in this log); -1 when none is.
+
+        Events up to it can never be taken back by a crash; events after it
+        may still be (and their seqs reused), so nothing after it is shown
+        to watchers.
+        """
+        return min(self.store.durable_seq(self.id), len(self._events) - 1)
+
+    async def wait_durable(self, seq: int) -> None:
+        """Return once `durable_seq >= seq`.
+
+        Woken by the store's commit; the appending agent never waits for
+        this. Cancellation: cancellable; nothing is affected.
+
+        Raises:
+            SessionError: the store failed to commit an append of this
+                session, so `seq` will never become durable.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while self.durable_seq < seq:
+            if self.store.durable_seq(self.id) < seq:
+                await self.store.wait_durable(self.id, seq)
+            else:
+                # The store committed it before the appender recorded it here.
+                self._extension_waited = True
+                await self._extended.wait()
+
+    def durable_events(self, from_seq: int, limit: int | None = None) -> Sequence[Event]:
+        """Durable events from `from_seq` on, in order, at most `limit` of them."""
+        end = self.durable_seq + 1
+        if limit is not None:
+            end = min(end, from_seq + limit)
+        return tuple(self._events[from_seq:end]) if from_seq < end else ()
 
     @asynccontextmanager
-    async def watch(self, buffer: int = 256) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
-        """Receive every event appended while the context is open, in order.
+    async def watch(
+        self, *, from_seq: int | None = None, buffer: int = 256
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
+        """Receive the durable events from `from_seq` on, in seq order, while the context is open.
 
-        Leaving the context closes the sending side, so a consumer iterating
-        the channel drains what was appended and then sees its end. The
-        channel holds at most `buffer` undelivered events; a watcher that
-        falls further behind is disconnected (its channel ends early, so the
-        consumer sees the end instead of a silent gap).
+        `from_seq=None` means the events appended from now on. An event is
+        delivered only once it is durable in the store, so a watcher never
+        sees an event a crash could take back. The watch is a cursor into
+        the log: a task owned by the context reads durable events at the
+        consumer's pace into a channel of `buffer` events and blocks when it
+        is full, so a slow watcher lags but loses nothing, and the agent
+        appending never waits for it.
+
+        Leaving the context stops the cursor and closes the channel; a
+        consumer iterating it drains what was delivered and then sees its
+        end. A store failure ends the channel early after the last durable
+        event (never a gap).
         """
+        start = len(self._events) if from_seq is None else from_seq
+        if start < 0:
+            raise SessionError(f"session {self.id!r}: cannot watch from seq {start}")
         send, receive = trio.open_memory_channel[Event](buffer)
-        self._watchers.append(send)
-        try:
-            yield receive
-        finally:
-            if send in self._watchers:
-                self._watchers.remove(send)
-            send.close()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pump, start, send)
+            try:
+                yield receive
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _pump(self, next_seq: int, send: trio.MemorySendChannel[Event]) -> None:
+        async with send:
+            while True:
+                try:
+                    await self.wait_durable(next_seq)
+                except SessionError:
+                    return
+                for event in self.durable_events(next_seq):
+                    await send.send(event)
+                    next_seq = event.seq + 1
 
     async def flush(self) -> None:
         """Return once every event appended so far is durable.

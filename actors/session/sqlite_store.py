@@ -45,6 +45,7 @@ import trio
 
 from actors.session.checksum import event_checksum
 from actors.session.codec import event_from_json, event_to_json
+from actors.session.durability import DurableMarks
 from actors.session.errors import SessionError
 from actors.session.events import Event
 from actors.session.lease import (
@@ -187,6 +188,7 @@ class SQLiteStore:
     _held: dict[str, Lease] = attrs.field(factory=dict, init=False)
     _failed_appends: int = attrs.field(default=0, init=False)
     _renewal_failures: int = attrs.field(default=0, init=False)
+    _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
     _commits: int = attrs.field(default=0, init=False)
     _events_written: int = attrs.field(default=0, init=False)
     _largest_batch: int = attrs.field(default=0, init=False)
@@ -284,6 +286,7 @@ class SQLiteStore:
                 )
             events.append(_decode(where, seq, text))
         self._next_seq.setdefault(session_id, len(events))
+        self._marks.advance(session_id, len(events) - 1)
         return events
 
     async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
@@ -307,6 +310,7 @@ class SQLiteStore:
         self._held[session_id] = lease
         self._next_seq.pop(session_id, None)
         self._broken.pop(session_id, None)
+        self._marks.recover(session_id)
         if self._send is not None:
             # Wake a writer that waits without a renewal deadline; a full
             # channel means it is busy and will see the lease anyway.
@@ -411,6 +415,21 @@ class SQLiteStore:
             SessionError: the database cannot be opened or read.
         """
         return await trio.to_thread.run_sync(self._select_session_ids)
+
+    def durable_seq(self, session_id: str) -> int:
+        """The newest seq of `session_id` committed or loaded by this store; -1 when none."""
+        return self._marks.seq(session_id)
+
+    async def wait_durable(self, session_id: str, seq: int) -> None:
+        """Return once the writer committed `seq` of `session_id`.
+
+        Woken by the commit itself (no polling). Cancellation: cancellable;
+        the append is committed regardless.
+
+        Raises:
+            SessionError: an accepted append of the session failed to commit.
+        """
+        await self._marks.wait(session_id, seq)
 
     def statistics(self) -> SQLiteStoreStatistics:
         """The writer's queue, lease and commit counters, now."""
@@ -594,9 +613,12 @@ class SQLiteStore:
             if error is None:
                 committed += 1
                 self._events_written += len(request.rows)
+                if request.rows:
+                    self._marks.advance(request.session_id, request.rows[-1][1])
             else:
                 self._failed_appends += 1
                 self._broken.setdefault(request.session_id, error)
+                self._marks.fail(request.session_id, error)
         if committed:
             self._commits += 1
             self._largest_batch = max(self._largest_batch, committed)
@@ -646,8 +668,7 @@ class SQLiteStore:
         try:
             opened = self._connect()
         except SessionError as exc:
-            reason = str(exc).removeprefix(f"{self._label}: ")
-            raise SessionError(f"{self._label}: cannot {doing}: {reason}") from exc
+            raise SessionError(f"{exc} (to {doing})") from exc
         with closing(opened) as connection:
             try:
                 yield connection

@@ -16,6 +16,7 @@ import attrs
 import trio
 
 from actors.session.codec import event_from_json, event_to_json
+from actors.session.durability import DurableMarks
 from actors.session.errors import SessionError
 from actors.session.events import Event
 from actors.session.lease import (
@@ -41,7 +42,9 @@ class SessionStore(Protocol):
     `append` queues events in order and may return before they are durable;
     `flush` returns once everything appended before the call is durable.
     `running` tells whether the store can accept writes now (a store with a
-    writer task must have it started first: see `serve`).
+    writer task must have it started first: see `serve`). `durable_seq`
+    and `wait_durable` tell readers (`Session.watch()`, the gateway) which
+    events are durable, so nothing a crash could take back is ever shown.
 
     One writer per session: `acquire_lease` grants a `Lease` (or raises
     `SessionBusyError`); appends under it carry its epoch, and the store
@@ -99,6 +102,24 @@ class SessionStore(Protocol):
         """Ids of every stored session, in creation order."""
         ...
 
+    def durable_seq(self, session_id: str) -> int:
+        """The newest seq of `session_id` this store knows is durable; -1 when none.
+
+        Covers what this store committed and what it loaded; never blocks.
+        """
+        ...
+
+    async def wait_durable(self, session_id: str, seq: int) -> None:
+        """Return once `durable_seq(session_id) >= seq`.
+
+        Cancellation: cancellable; nothing is affected.
+
+        Raises:
+            SessionError: an accepted append of the session failed, so `seq`
+                will never become durable.
+        """
+        ...
+
 
 @attrs.define(eq=False)
 class MemoryStore:
@@ -111,6 +132,7 @@ class MemoryStore:
     _logs: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
     _holders: dict[str, Lease] = attrs.field(factory=dict, init=False)
     _epochs: dict[str, int] = attrs.field(factory=dict, init=False)
+    _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
 
     @property
     def running(self) -> bool:
@@ -197,6 +219,7 @@ class MemoryStore:
                     f"expected {len(log)}"
                 )
             log.append(event_to_json(event))
+        self._marks.advance(session_id, len(log) - 1)
 
     async def flush(self, session_id: str | None = None) -> None:
         """Nothing is pending in a memory store."""
@@ -206,6 +229,14 @@ class MemoryStore:
         """Session ids in creation order."""
         await trio.lowlevel.checkpoint()
         return list(self._logs)
+
+    def durable_seq(self, session_id: str) -> int:
+        """The session's last stored seq (a memory store is durable at once); -1 when none."""
+        return self._marks.seq(session_id)
+
+    async def wait_durable(self, session_id: str, seq: int) -> None:
+        """Return once `seq` of `session_id` is stored. Cancellable."""
+        await self._marks.wait(session_id, seq)
 
     def _log(self, session_id: str) -> list[dict[str, Any]]:
         try:

@@ -11,6 +11,7 @@ import trio
 
 from actors.providers import Chunk, FinishChunk, GenerateRequest, Reply, ScriptedProvider, TextDelta
 from actors.session import Event, Lease, MemoryStore, SessionError, UnknownSessionError
+from actors.session.durability import DurableMarks
 from supervision import ChildStart, Supervisor
 
 
@@ -108,6 +109,7 @@ class WriterStore:
     durable: dict[str, list[Event]] = attrs.field(factory=dict)
     write_delay: float = 0.0
     _accepted: dict[str, list[Event]] = attrs.field(factory=dict, init=False)
+    _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
     _queue: trio.MemorySendChannel[tuple[str, list[Event]] | trio.Event] | None = attrs.field(
         default=None, init=False
     )
@@ -130,6 +132,8 @@ class WriterStore:
                 else:
                     await trio.sleep(self.write_delay)
                     self.durable.setdefault(item[0], []).extend(item[1])
+                    if item[1]:
+                        self._marks.advance(item[0], item[1][-1].seq)
         finally:
             self._queue = None
             self.log.append("store stopped")
@@ -177,6 +181,14 @@ class WriterStore:
         """Session ids in creation order."""
         await trio.lowlevel.checkpoint()
         return list(self._accepted)
+
+    def durable_seq(self, session_id: str) -> int:
+        """The newest seq the writer wrote; -1 when none."""
+        return self._marks.seq(session_id)
+
+    async def wait_durable(self, session_id: str, seq: int) -> None:
+        """Return once the writer wrote `seq`."""
+        await self._marks.wait(session_id, seq)
 
     def _writer(self) -> trio.MemorySendChannel[tuple[str, list[Event]] | trio.Event]:
         if self._queue is None:
