@@ -8,6 +8,7 @@ from actors.agent.decisions import Enter as Enter
 from actors.agent.decisions import Reject as Reject
 from actors.agent.decisions import Retry as Retry
 from actors.agent.decisions import StepProposal as StepProposal
+from actors.agent.inspect import StepInspection as StepInspection
 from actors.agent.options import AgentOptions as AgentOptions
 from actors.agent.options import RetryPolicy as RetryPolicy
 from actors.agent.tools import Tool as Tool

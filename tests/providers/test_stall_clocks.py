@@ -129,7 +129,7 @@ async def test_the_clients_write_and_pool_timeouts_still_apply() -> None:
 async def test_faults_for_a_model_leave_other_models_alone(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    engine = SimulatorEngine()
+    engine = SimulatorEngine(SimulatorConfig(profiles={"deepseek-chat": "v4", "faulty": "v4"}))
     engine.faults.for_model("faulty", Fault(status=503), Fault(status=500))
     provider = _mock_provider(engine)
     assert finish_of(await collect(provider, _request())).reason == "completed"
