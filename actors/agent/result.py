@@ -10,6 +10,7 @@ from actors.messages import Message
 from actors.providers.chunks import Usage
 from actors.session.events import (
     AssistantMessage,
+    CompactionEnded,
     Event,
     ToolResult,
     TurnEnd,
@@ -35,7 +36,8 @@ class TurnResult:
         text: the text of the turn's last assistant message ("" when none).
         messages: the turn's surface messages, in log order (user input,
             plugin context, assistant answers, tool results).
-        usage: token usage summed over the turn's requests.
+        usage: token usage summed over the turn's requests (its steps' and
+            any compaction's summary request).
     """
 
     turn: int
@@ -91,6 +93,8 @@ def turn_result(session_id: str, events: Sequence[Event]) -> TurnResult:
             usage = add_usage(usage, data.usage)
             if not data.interrupted:
                 text = data.message.text
+        elif isinstance(data, CompactionEnded):
+            usage = add_usage(usage, data.usage)
     reason = end.reason
     if reason.kind not in RETURNING_KINDS:
         raise TurnFailedError(
