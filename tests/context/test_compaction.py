@@ -28,6 +28,7 @@ from actors.messages import PluginSource
 from actors.prompt import PromptContext, SystemPrompt
 from actors.providers import GenerateRequest, Reply, ScriptedProvider, ToolCall, Usage
 from actors.session import rebuild_request, request_attempts
+from actors.session.codec import event_from_json
 from actors.session.events import CompactionEnded, CompactionRequested, UserMessage
 from benchmarks.compaction_cache import Workload, is_summary_request, run_workload
 from tests.agent.helpers import data_of, turn_end_kinds
@@ -69,7 +70,8 @@ def test_every_step_request_rebuilds_byte_for_byte_from_the_log(
     runs: tuple[Workload, Workload],
 ) -> None:
     _, compacted = runs
-    log = json.loads(json.dumps(compacted.log))  # the durable form, through real JSON
+    # The durable form, through real JSON, decoded once (rebuild_request takes either form).
+    log = [event_from_json(e) for e in json.loads(json.dumps(compacted.log))]
     steps = [r for r in compacted.sent if not is_summary_request(r)]
     attempts = request_attempts(log)
     assert len(attempts) == len(steps)
@@ -335,3 +337,19 @@ async def test_turn_result_usage_includes_the_summary_request() -> None:
             await agent.run(text)
         result = await agent.run(f"q2 {BIG}")
     assert result.usage == Usage(input_tokens=110, output_tokens=6, cache_read_tokens=64)
+
+
+async def test_turn_result_messages_leave_out_the_summary_of_earlier_turns() -> None:
+    prompt = SystemPrompt(include_harness_identity=False)
+    provider = ScriptedProvider(
+        [Reply.text("a"), Reply.text("b"), Reply.text("SUMMARY"), Reply.text("c")]
+    )
+    async with open_agent(
+        system_prompt=prompt, provider=provider, options=AgentOptions(model="m")
+    ) as agent:
+        Compaction(threshold_tokens=150, keep_turns=1).install(agent)
+        for text in (f"q0 {BIG}", f"q1 {BIG}"):
+            await agent.run(text)
+        result = await agent.run(f"q2 {BIG}")
+    assert compactions(agent.session.to_json()) == [0]
+    assert [m.text[:2] for m in result.messages] == ["q2", "c"]
