@@ -9,6 +9,7 @@ from actors.agent.decisions import Reject as Reject
 from actors.agent.decisions import Retry as Retry
 from actors.agent.decisions import StepProposal as StepProposal
 from actors.agent.function_tool import function_tool as function_tool
+from actors.agent.inspect import StepInspection as StepInspection
 from actors.agent.options import AgentOptions as AgentOptions
 from actors.agent.options import RetryPolicy as RetryPolicy
 from actors.agent.result import AgentClosedError as AgentClosedError

@@ -13,6 +13,7 @@ import trio
 
 from actors.agent.decisions import PreStepListener, RequestErrorListener
 from actors.agent.inbox import Inbox, InboxStatistics
+from actors.agent.inspect import StepInspection, inspect_next_step
 from actors.agent.loop import WRITE_GRACE_SECONDS, AbortCause, AgentLoop, LoopStatistics
 from actors.agent.options import AgentOptions
 from actors.agent.result import (
@@ -29,7 +30,8 @@ from actors.prompt import SystemPrompt
 from actors.providers.base import Provider
 from actors.scope import Registration, Scope
 from actors.session.events import TurnEnd, TurnEndReason, TurnStart
-from actors.session.session import Session, WallClock, system_clock_ms
+from actors.session.lease import Lease
+from actors.session.session import Session, WallClock, new_session_id, system_clock_ms
 from actors.session.store import MemoryStore, SessionStore
 
 INBOX_CAPACITY = 1024
@@ -274,6 +276,21 @@ class Agent:
             Registration(remove=lambda: self._loop.request_error.remove(listener))
         )
 
+    # -- inspection -------------------------------------------------------
+
+    async def inspect_next_step(self) -> StepInspection:
+        """A dry run of the next step's assembly: the header, sections, tools, contexts, variables.
+
+        Nothing is logged, no provider is called and no `pre_step` listener
+        runs; each section, context and tool names the scope it came from.
+        Cancellation: cancellable; nothing is changed.
+
+        Raises:
+            PromptError: the assembly failed (the message names the section,
+                variable or tool).
+        """
+        return await inspect_next_step(self._loop)
+
     # -- waiting and statistics --------------------------------------------
 
     async def when_idle(self) -> None:
@@ -416,8 +433,13 @@ async def open_agent(
     `store=None` uses a fresh `MemoryStore`; a store whose writer is not
     running is served by this agent's nursery for its lifetime. An existing
     `session_id` resumes that session (a turn left open by a crash is closed
-    `interrupted`). The agent's scope is a child of `scope`; the variables
-    `model` and `provider` and the agent's tools are registered in it.
+    `interrupted`, every unanswered tool call answered `Interrupted`). The
+    agent's scope is a child of `scope`; the variables `model` and
+    `provider` and the agent's tools are registered in it.
+
+    The agent is the session's one writer: it takes the session's lease
+    first (before anything is loaded or accepted) and gives it up when the
+    context exits, after its last events are durable.
 
     Leaving the context aborts a live turn (`turn/end` aborted, reason
     "disposed"), closes the agent's scope and cancels its tasks; from then
@@ -427,49 +449,91 @@ async def open_agent(
     exception, never as an `ExceptionGroup`.
 
     Raises:
+        SessionBusyError: another live writer holds the session (the
+            message names it); raised before the agent accepts input.
         SessionError: the store cannot be opened (the message names its
             path) or the session cannot be loaded.
     """
     options = options or AgentOptions(model="m")
     store = store or MemoryStore()
+    sid = session_id or new_session_id()
     with one_exception():
-        async with trio.open_nursery() as nursery:
-            if not store.running:
-                await nursery.start(store.serve)
-            session = await Session.open(store, session_id, clock=clock)
-            agent_scope = Scope(name=f"agent:{session.id}", parent=scope)
-            registry = ToolRegistry.of(tools)
-            send, receive = trio.open_memory_channel[_Command](INBOX_CAPACITY)
-            wake_send, wake_receive = trio.open_memory_channel[None](1)
-            agent = Agent(
-                session=session,
-                scope=agent_scope,
-                loop=AgentLoop(
-                    session=session,
-                    system_prompt=system_prompt,
-                    provider=provider,
-                    options=options,
-                    tools=registry,
-                    inbox=Inbox(),
-                    scope=agent_scope,
-                    agent=None,
-                    rng=rng or random.Random(),
-                ),
-                send=send,
-                receive=receive,
-                wake_send=wake_send,
-                wake_receive=wake_receive,
-            )
-            agent._loop.agent = agent
-            system_prompt.variable("model", lambda ctx: options.model, scope=agent_scope)
-            system_prompt.variable("provider", lambda ctx: options.provider_name, scope=agent_scope)
-            system_prompt.tools(registry.provider, scope=agent_scope)
-            await nursery.start(agent.run_inbox)
-            await nursery.start(agent.run_loop)
-            try:
+        lease = await store.acquire_lease(sid)
+        try:
+            async with _serving_agent(
+                store=store,
+                session_id=sid,
+                lease=lease,
+                system_prompt=system_prompt,
+                provider=provider,
+                options=options,
+                tools=tools,
+                scope=scope,
+                clock=clock,
+                rng=rng,
+            ) as agent:
                 yield agent
-            finally:
-                await agent.dispose()
-                agent.close()
-                agent_scope.close()
-                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(WRITE_GRACE_SECONDS):
+                try:
+                    if store.running:
+                        await store.flush(sid)
+                finally:
+                    await store.release_lease(lease)
+
+
+@asynccontextmanager
+async def _serving_agent(
+    *,
+    store: SessionStore,
+    session_id: str,
+    lease: Lease,
+    system_prompt: SystemPrompt,
+    provider: Provider,
+    options: AgentOptions,
+    tools: Sequence[Tool],
+    scope: Scope | None,
+    clock: WallClock,
+    rng: random.Random | None,
+) -> AsyncIterator[Agent]:
+    """`open_agent`'s body once the lease is held: the agent's nursery and tasks."""
+    async with trio.open_nursery() as nursery:
+        if not store.running:
+            await nursery.start(store.serve)
+        session = await Session.open(store, session_id, clock=clock, lease=lease)
+        agent_scope = Scope(name=f"agent:{session.id}", parent=scope)
+        registry = ToolRegistry.of(tools)
+        send, receive = trio.open_memory_channel[_Command](INBOX_CAPACITY)
+        wake_send, wake_receive = trio.open_memory_channel[None](1)
+        agent = Agent(
+            session=session,
+            scope=agent_scope,
+            loop=AgentLoop(
+                session=session,
+                system_prompt=system_prompt,
+                provider=provider,
+                options=options,
+                tools=registry,
+                inbox=Inbox(),
+                scope=agent_scope,
+                agent=None,
+                rng=rng or random.Random(),
+            ),
+            send=send,
+            receive=receive,
+            wake_send=wake_send,
+            wake_receive=wake_receive,
+        )
+        agent._loop.agent = agent
+        system_prompt.variable("model", lambda ctx: options.model, scope=agent_scope)
+        system_prompt.variable("provider", lambda ctx: options.provider_name, scope=agent_scope)
+        system_prompt.tools(registry.provider, scope=agent_scope)
+        await nursery.start(agent.run_inbox)
+        await nursery.start(agent.run_loop)
+        try:
+            yield agent
+        finally:
+            await agent.dispose()
+            agent.close()
+            agent_scope.close()
+            nursery.cancel_scope.cancel()

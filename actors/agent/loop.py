@@ -291,9 +291,7 @@ class AgentLoop:
                 system = render_prompt(assembly)
             except PromptError as exc:
                 return TurnEndReason.failed(TurnError(message=str(exc), code=RENDER_FAILED))
-            header = canonical_header(
-                RequestHeader(config=self._config, system=system, tools=assembly.tools)
-            )
+            header = self.request_header(system, assembly)
             result = await self._request_with_retries(turn, step, header)
             if result.reason == "max-tokens":
                 await self.session.append(
@@ -317,6 +315,16 @@ class AgentLoop:
             return TurnEndReason.completed()
         finally:
             await self._append_shielded(StepEnd(turn=turn, step=step))
+
+    def request_header(self, system: str, assembly: PromptAssembly) -> RequestHeader:
+        """The canonical header a step with this system text and assembly sends."""
+        return canonical_header(
+            RequestHeader(config=self._config, system=system, tools=assembly.tools)
+        )
+
+    def would_log_header(self, header: RequestHeader) -> bool:
+        """True when the next attempt sending `header` logs a `request/header` first."""
+        return not self._header_logged or not header_equals(self._last_header, header)
 
     async def _log_header(self, header: RequestHeader) -> None:
         if not self._header_logged:

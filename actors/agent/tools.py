@@ -16,6 +16,7 @@ from actors.agent.validation import (
     check_arguments,
     compile_parameters,
 )
+from actors.containment import uncontained_part
 from actors.prompt.types import AssembleContext, ToolProviderResult, ToolSchema
 from actors.session.events import ToolCallRequested, ToolError, ToolResult
 
@@ -88,6 +89,18 @@ def parse_arguments(raw: str) -> dict[str, Any] | str:
     return value if isinstance(value, dict) else raw
 
 
+def _describe(exc: BaseException) -> str:
+    """The model-facing text of a tool's exception: its message, or its type when it has none.
+
+    A `BaseException` that is not an `Exception` (`SystemExit(2)`) is named
+    with its type, as its bare message (`"2"`) would say nothing.
+    """
+    text = str(exc)
+    if not isinstance(exc, Exception):
+        return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text or type(exc).__name__
+
+
 @attrs.define(eq=False)
 class ToolRegistry:
     """An agent's tools, by name.
@@ -140,6 +153,16 @@ class ToolRegistry:
         """Execute `call`; an unknown tool, bad arguments or a raising tool give an error result.
 
         Invalid arguments never reach `execute`.
+
+        Whatever `execute` raises becomes an error result naming the
+        exception type, `BaseException`s such as `SystemExit` included, so
+        one tool can never take down its agent or the agent's siblings.
+
+        Cancellation: `trio.Cancelled` and `KeyboardInterrupt` propagate. An
+        exception group holding a `Cancelled` beside real failures (the
+        tool's own nursery cancelled while a child raised) propagates as its
+        `Cancelled` part, raised from the group; the call is being cancelled,
+        so its result is the loop's "cancelled" one.
         """
         tool = self._tools.get(call.name)
         if tool is None:
@@ -164,12 +187,17 @@ class ToolRegistry:
             )
         try:
             content = await tool.execute(arguments, call)
-        except Exception as exc:
+        except BaseException as exc:  # a tool is a failure boundary: see actors.containment
+            uncontained = uncontained_part(exc)
+            if uncontained is exc:
+                raise
+            if uncontained is not None:
+                raise uncontained from exc
             return ToolResult(
                 turn=call.turn,
                 step=call.step,
                 call_id=call.call_id,
-                content=str(exc) or type(exc).__name__,
+                content=_describe(exc),
                 is_error=True,
                 error=ToolError(name=type(exc).__name__, code="tool_error"),
             )

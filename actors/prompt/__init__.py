@@ -3,6 +3,8 @@
 from .errors import PromptError as PromptError
 from .errors import RegistryNotRunningError as RegistryNotRunningError
 from .errors import RegistryServiceError as RegistryServiceError
+from .origins import EntryOrigin as EntryOrigin
+from .origins import PromptOrigins as PromptOrigins
 from .registrations import PromptStatistics as PromptStatistics
 from .registry import HARNESS_IDENTITY_TEXT as HARNESS_IDENTITY_TEXT
 from .registry import SystemPrompt as SystemPrompt

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from actors.prompt.errors import PromptError
+from actors.prompt.origins import PromptOrigins, prompt_origins
 from actors.prompt.pipeline import assemble
 from actors.prompt.plan import PlanCache
 from actors.prompt.registrations import PromptStatistics as PromptStatistics
@@ -195,6 +196,14 @@ class SystemPrompt:
         return self._registrations.statistics()
 
     # Assembly
+
+    def origins(self, scope: Scope | None = None) -> PromptOrigins:
+        """Which layer supplies each effective section, context and tool of `scope`'s chain.
+
+        Reads the registrations only (no provider runs); tool names are those
+        each provider returned at its latest assembly.
+        """
+        return prompt_origins(self._registrations, scope)
 
     async def assemble(self, ctx: AssembleContext | None = None) -> PromptAssembly:
         """Assemble the prompt for one caller.

@@ -10,6 +10,9 @@ from actors.session.events import Event as Event
 from actors.session.header import RequestHeader as RequestHeader
 from actors.session.header import canonical_header as canonical_header
 from actors.session.header import header_equals as header_equals
+from actors.session.lease import Lease as Lease
+from actors.session.lease import SessionBusyError as SessionBusyError
+from actors.session.lease import SessionFencedError as SessionFencedError
 from actors.session.reducers import derive_messages as derive_messages
 from actors.session.reducers import fold_request_header as fold_request_header
 from actors.session.replay import rebuild_request as rebuild_request

@@ -15,16 +15,21 @@ from actors.messages import Message
 from actors.session.codec import event_to_json
 from actors.session.errors import SessionError
 from actors.session.events import (
+    AssistantMessage,
     Event,
     EventData,
     StepEnd,
     StepStart,
+    ToolCallRequested,
+    ToolError,
+    ToolResult,
     TurnEnd,
     TurnEndReason,
     TurnStart,
     type_of,
 )
 from actors.session.header import RequestHeader
+from actors.session.lease import Lease
 from actors.session.reducers import (
     derive_messages,
     fold_request_header,
@@ -38,6 +43,12 @@ _Draft = tuple[EventData, str, Literal["replace"] | None, Sequence[int] | None, 
 
 WallClock = Callable[[], int]
 """Returns the wall-clock time in epoch milliseconds."""
+
+INTERRUPTED_TOOL_RESULT = (
+    "The tool call was interrupted by a restart before it returned a result; "
+    "it may or may not have taken effect."
+)
+"""The content of the error `tool/result` that resume gives an unanswered call."""
 
 
 def system_clock_ms() -> int:
@@ -56,17 +67,24 @@ class Session:
 
     Events get contiguous `seq` numbers from 0 and a wall-clock `time`.
     `append` queues an event to the store (with backpressure) and returns it;
-    `flush` waits until everything appended so far is durable. The
+    `flush` waits until everything appended so far is durable;
+    `durable_seq`, `wait_durable` and `watch` show only durable events. The
     model-visible message list is maintained incrementally, so deriving it
     costs the same at turn 1 and turn 500.
+
+    With a `lease` (see `SessionStore.acquire_lease`) every write carries its
+    epoch, so the store refuses them once another writer took the session
+    over (`SessionFencedError`).
     """
 
     id: str
     store: SessionStore
     clock: WallClock = system_clock_ms
+    lease: Lease | None = attrs.field(default=None, kw_only=True)
     _events: list[Event] = attrs.field(factory=list, alias="events")
     _surface: list[Message] = attrs.field(factory=list, init=False)
-    _watchers: list[trio.MemorySendChannel[Event]] = attrs.field(factory=list, init=False)
+    _extended: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _extension_waited: bool = attrs.field(default=False, init=False)
     _append_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -79,29 +97,41 @@ class Session:
         session_id: str | None = None,
         *,
         clock: WallClock = system_clock_ms,
+        lease: Lease | None = None,
     ) -> Session:
-        """A new, empty session registered in `store`.
+        """A new, empty session registered in `store`, written under `lease` if given.
 
         Raises:
             SessionExistsError: `session_id` is already stored.
         """
         sid = session_id or new_session_id()
         await store.create(sid)
-        return cls(id=sid, store=store, clock=clock)
+        return cls(id=sid, store=store, clock=clock, lease=lease)
 
     @classmethod
     async def load(
-        cls, store: SessionStore, session_id: str, *, clock: WallClock = system_clock_ms
+        cls,
+        store: SessionStore,
+        session_id: str,
+        *,
+        clock: WallClock = system_clock_ms,
+        lease: Lease | None = None,
     ) -> Session:
-        """The stored session `session_id`, its events restored exactly.
+        """The stored session `session_id`, its events restored exactly, written under `lease`.
 
-        A turn left open by a crash is closed: an open step gets `step/end`
-        and the turn `turn/end` with reason `interrupted`; earlier events are
-        never altered.
+        A turn left open by a crash is closed so that the conversation stays
+        valid for any OpenAI-compatible server: every tool call of the turn
+        without a result gets an error `tool/result` (`Interrupted`,
+        code `interrupted`; a call the model asked for but whose `tool/call`
+        was never logged gets that first), an open step gets `step/end`, and
+        the turn `turn/end` with reason `interrupted`, durably. Earlier
+        events are never altered. Resume under the session's lease, or the
+        repair could close another live writer's turn (it is refused then).
 
         Raises:
             UnknownSessionError: the store has no such session.
-            SessionError: a stored event cannot be decoded.
+            SessionError: a stored event cannot be decoded, or the repair
+                cannot be written.
         """
         events = await store.load(session_id)
         for expected, event in enumerate(events):
@@ -110,7 +140,7 @@ class Session:
                     f"session {session_id!r}: stored event {event.type} has seq {event.seq}, "
                     f"expected {expected}"
                 )
-        session = cls(id=session_id, store=store, clock=clock, events=events)
+        session = cls(id=session_id, store=store, clock=clock, events=events, lease=lease)
         await session._close_interrupted_turn()
         return session
 
@@ -121,11 +151,12 @@ class Session:
         session_id: str | None = None,
         *,
         clock: WallClock = system_clock_ms,
+        lease: Lease | None = None,
     ) -> Session:
         """Load `session_id` when the store has it, else create it (or a fresh id)."""
         if session_id is not None and await store.exists(session_id):
-            return await cls.load(store, session_id, clock=clock)
-        return await cls.create(store, session_id, clock=clock)
+            return await cls.load(store, session_id, clock=clock, lease=lease)
+        return await cls.create(store, session_id, clock=clock, lease=lease)
 
     @property
     def events(self) -> Sequence[Event]:
@@ -199,7 +230,7 @@ class Session:
             replaces = any(event.surface_op is not None for event in events)
             if replaces:
                 surface = derive_messages([*self._events, *events])
-            await self.store.append(self.id, events)
+            await self.store.append(self.id, events, lease=self.lease)
             self._events.extend(events)
             if replaces:
                 self._surface = surface
@@ -207,44 +238,99 @@ class Session:
                 for event in events:
                     if event.is_surface:
                         self._surface.append(message_of(event))
-            if self._watchers:
-                for event in events:
-                    self._notify(event)
+            if self._extension_waited:
+                self._extension_waited = False
+                self._extended.set()
+                self._extended = trio.Event()
             return events
         finally:
             self._append_lock.release()
 
-    def _notify(self, event: Event) -> None:
-        for watcher in list(self._watchers):
-            try:
-                watcher.send_nowait(event)
-            except trio.WouldBlock:
-                # Disconnect the slow consumer rather than block the log or drop silently.
-                self._watchers.remove(watcher)
-                watcher.close()
+    @property
+    def durable_seq(self) -> int:
+        """The newest seq durable in the store (and in this log); -1 when none is.
+
+        Events up to it can never be taken back by a crash; events after it
+        may still be (and their seqs reused), so nothing after it is shown
+        to watchers.
+        """
+        return min(self.store.durable_seq(self.id), len(self._events) - 1)
+
+    async def wait_durable(self, seq: int) -> None:
+        """Return once `durable_seq >= seq`.
+
+        Woken by the store's commit; the appending agent never waits for
+        this. Cancellation: cancellable; nothing is affected.
+
+        Raises:
+            SessionError: the store failed to commit an append of this
+                session, so `seq` will never become durable.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while self.durable_seq < seq:
+            if self.store.durable_seq(self.id) < seq:
+                await self.store.wait_durable(self.id, seq)
+            else:
+                # The store committed it before the appender recorded it here.
+                self._extension_waited = True
+                await self._extended.wait()
+
+    def durable_events(self, from_seq: int, limit: int | None = None) -> Sequence[Event]:
+        """Durable events from `from_seq` on, in order, at most `limit` of them."""
+        end = self.durable_seq + 1
+        if limit is not None:
+            end = min(end, from_seq + limit)
+        return tuple(self._events[from_seq:end]) if from_seq < end else ()
 
     @asynccontextmanager
-    async def watch(self, buffer: int = 256) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
-        """Receive every event appended while the context is open, in order.
+    async def watch(
+        self, *, from_seq: int | None = None, buffer: int = 256
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
+        """Receive the durable events from `from_seq` on, in seq order, while the context is open.
 
-        Leaving the context closes the sending side, so a consumer iterating
-        the channel drains what was appended and then sees its end. The
-        channel holds at most `buffer` undelivered events; a watcher that
-        falls further behind is disconnected (its channel ends early, so the
-        consumer sees the end instead of a silent gap).
+        `from_seq=None` means the events appended from now on. An event is
+        delivered only once it is durable in the store, so a watcher never
+        sees an event a crash could take back. The watch is a cursor into
+        the log: a task owned by the context reads durable events at the
+        consumer's pace into a channel of `buffer` events and blocks when it
+        is full, so a slow watcher lags but loses nothing, and the agent
+        appending never waits for it.
+
+        Leaving the context stops the cursor and closes the channel; a
+        consumer iterating it drains what was delivered and then sees its
+        end. A store failure ends the channel early after the last durable
+        event (never a gap).
         """
+        start = len(self._events) if from_seq is None else from_seq
+        if start < 0:
+            raise SessionError(f"session {self.id!r}: cannot watch from seq {start}")
         send, receive = trio.open_memory_channel[Event](buffer)
-        self._watchers.append(send)
-        try:
-            yield receive
-        finally:
-            if send in self._watchers:
-                self._watchers.remove(send)
-            send.close()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pump, start, send)
+            try:
+                yield receive
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _pump(self, next_seq: int, send: trio.MemorySendChannel[Event]) -> None:
+        async with send:
+            while True:
+                try:
+                    await self.wait_durable(next_seq)
+                except SessionError:
+                    return
+                for event in self.durable_events(next_seq):
+                    await send.send(event)
+                    next_seq = event.seq + 1
 
     async def flush(self) -> None:
-        """Return once every event appended so far is durable."""
-        await self.store.flush()
+        """Return once every event appended so far is durable.
+
+        Raises:
+            SessionFencedError: another writer took the session's lease over.
+            SessionError: an appended event of this session is not durable.
+        """
+        await self.store.flush(self.id)
 
     def derive_messages(self) -> list[Message]:
         """The model-visible messages, rebuilt from the surface events (a fresh list)."""
@@ -326,6 +412,10 @@ class Session:
         turn = self.open_turn()
         if turn is None:
             return
+        start = max(
+            e.seq for e in self._events if isinstance(e.data, TurnStart) and e.data.turn == turn
+        )
+        repairs: list[EventData] = [*_unanswered_calls(self._events[start:])]
         open_step: StepStart | None = None
         for event in reversed(self._events):
             if isinstance(event.data, StepEnd):
@@ -336,6 +426,47 @@ class Session:
             if isinstance(event.data, TurnStart):
                 break
         if open_step is not None:
-            await self.append(StepEnd(turn=open_step.turn, step=open_step.step))
-        await self.append(TurnEnd(turn=turn, reason=TurnEndReason(kind="interrupted")))
+            repairs.append(StepEnd(turn=open_step.turn, step=open_step.step))
+        repairs.append(TurnEnd(turn=turn, reason=TurnEndReason(kind="interrupted")))
+        await self.extend(repairs)
         await self.flush()
+
+
+def _unanswered_calls(turn_events: Sequence[Event]) -> list[EventData]:
+    """For each tool call of a cut-off turn without a result: its `tool/call` if missing, then an
+    `Interrupted` error `tool/result` (so every call the model made is answered, in its order)."""
+    logged = {e.data.call_id: e.data for e in turn_events if isinstance(e.data, ToolCallRequested)}
+    answered = {e.data.call_id for e in turn_events if isinstance(e.data, ToolResult)}
+    missing: list[EventData] = []
+    calls: dict[str, ToolCallRequested] = {}
+    for event in turn_events:
+        data = event.data
+        if not isinstance(data, AssistantMessage) or event.surface_op is not None:
+            continue
+        for block in data.message.tool_calls:
+            call = logged.get(block.id)
+            if call is None:
+                call = ToolCallRequested(
+                    turn=data.turn,
+                    step=data.step,
+                    call_id=block.id,
+                    name=block.name,
+                    arguments=block.arguments,
+                )
+                missing.append(call)
+            calls.setdefault(block.id, call)
+    for call_id, call in logged.items():
+        calls.setdefault(call_id, call)
+    results: list[EventData] = [
+        ToolResult(
+            turn=call.turn,
+            step=call.step,
+            call_id=call.call_id,
+            content=INTERRUPTED_TOOL_RESULT,
+            is_error=True,
+            error=ToolError(name="Interrupted", code="interrupted"),
+        )
+        for call in calls.values()
+        if call.call_id not in answered
+    ]
+    return [*missing, *results]

@@ -3,7 +3,8 @@
 `SessionStore` is the protocol the `Session` writes through. `MemoryStore`
 keeps each session's events as their JSON form (so loading always goes
 through the durable representation); `SQLiteStore` (in
-`actors/session/sqlite_store.py`) is the embedded default on disk.
+`actors/session/sqlite_store.py`) is the embedded default on disk. Both
+implement the one-writer-per-session lease of `actors/session/lease.py`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ import attrs
 import trio
 
 from actors.session.codec import event_from_json, event_to_json
+from actors.session.durability import DurableMarks
 from actors.session.errors import SessionError
 from actors.session.events import Event
+from actors.session.lease import (
+    Lease,
+    SessionBusyError,
+    SessionFencedError,
+    default_owner,
+)
 
 
 class SessionExistsError(SessionError):
@@ -34,7 +42,17 @@ class SessionStore(Protocol):
     `append` queues events in order and may return before they are durable;
     `flush` returns once everything appended before the call is durable.
     `running` tells whether the store can accept writes now (a store with a
-    writer task must have it started first: see `serve`).
+    writer task must have it started first: see `serve`). `durable_seq`
+    and `wait_durable` tell readers (`Session.watch()`, the gateway) which
+    events are durable, so nothing a crash could take back is ever shown.
+
+    One writer per session: `acquire_lease` grants a `Lease` (or raises
+    `SessionBusyError`); appends under it carry its epoch, and the store
+    refuses them (`SessionFencedError`) once another writer took the session
+    over. A refused or failed append breaks that session only (its later
+    appends and flushes raise), never the store's other sessions. Every
+    failure is a `SessionError` naming the store, the session and, where it
+    applies, the seq.
     """
 
     @property
@@ -58,24 +76,63 @@ class SessionStore(Protocol):
         """All durable events of `session_id`, in seq order. Raises `UnknownSessionError`."""
         ...
 
-    async def append(self, session_id: str, events: Sequence[Event]) -> None:
-        """Queue `events` (contiguous seqs) for `session_id`, in order."""
+    async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
+        """Take the write lease of `session_id` (which need not exist yet).
+
+        Raises `SessionBusyError` naming the holder when another live lease
+        holds it; an expired one is taken over with the next epoch.
+        """
         ...
 
-    async def flush(self) -> None:
-        """Return once every event appended before this call is durable."""
+    async def release_lease(self, lease: Lease) -> None:
+        """Give `lease` up (a no-op when it was already taken over); the epoch stays used."""
+        ...
+
+    async def append(
+        self, session_id: str, events: Sequence[Event], *, lease: Lease | None = None
+    ) -> None:
+        """Queue `events` (contiguous seqs) for `session_id`, in order, under `lease`."""
+        ...
+
+    async def flush(self, session_id: str | None = None) -> None:
+        """Return once what was appended before this call (to `session_id`, or all) is durable."""
         ...
 
     async def list_sessions(self) -> list[str]:
         """Ids of every stored session, in creation order."""
         ...
 
+    def durable_seq(self, session_id: str) -> int:
+        """The newest seq of `session_id` this store knows is durable; -1 when none.
+
+        Covers what this store committed and what it loaded; never blocks.
+        """
+        ...
+
+    async def wait_durable(self, session_id: str, seq: int) -> None:
+        """Return once `durable_seq(session_id) >= seq`.
+
+        Cancellation: cancellable; nothing is affected.
+
+        Raises:
+            SessionError: an accepted append of the session failed, so `seq`
+                will never become durable.
+        """
+        ...
+
 
 @attrs.define(eq=False)
 class MemoryStore:
-    """An in-process store: durable for the life of the object, no writer task needed."""
+    """An in-process store: durable for the life of the object, no writer task needed.
+
+    Leases never expire here: every holder lives in this process, and
+    `open_agent` releases its lease however it exits.
+    """
 
     _logs: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    _holders: dict[str, Lease] = attrs.field(factory=dict, init=False)
+    _epochs: dict[str, int] = attrs.field(factory=dict, init=False)
+    _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
 
     @property
     def running(self) -> bool:
@@ -104,9 +161,56 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         return [event_from_json(obj) for obj in self._log(session_id)]
 
-    async def append(self, session_id: str, events: Sequence[Event]) -> None:
-        """Store `events` immediately (a memory store is "durable" at once)."""
+    async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
+        """Take the lease of `session_id`; `SessionBusyError` while another holds it."""
         await trio.lowlevel.checkpoint()
+        holder = self._holders.get(session_id)
+        if holder is not None:
+            raise SessionBusyError(
+                f"session {session_id!r} is busy: its write lease is held by {holder.owner} "
+                f"(epoch {holder.epoch}) in this memory store",
+                session_id=session_id,
+                holder=holder.owner,
+            )
+        epoch = self._epochs.get(session_id, 0) + 1
+        self._epochs[session_id] = epoch
+        lease = Lease(
+            session_id=session_id, owner=owner or default_owner(), epoch=epoch, expires_ms=0
+        )
+        self._holders[session_id] = lease
+        return lease
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Give `lease` up."""
+        await trio.lowlevel.checkpoint()
+        if self._holders.get(lease.session_id) == lease:
+            del self._holders[lease.session_id]
+
+    async def append(
+        self, session_id: str, events: Sequence[Event], *, lease: Lease | None = None
+    ) -> None:
+        """Store `events` immediately (a memory store is "durable" at once).
+
+        Raises:
+            SessionFencedError: `lease` is no longer the session's lease.
+            SessionBusyError: no `lease` was given while another writer holds one.
+        """
+        await trio.lowlevel.checkpoint()
+        holder = self._holders.get(session_id)
+        if lease is not None and holder != lease:
+            raise SessionFencedError(
+                f"session {session_id!r}: the write lease of epoch {lease.epoch} was released "
+                f"or taken over; seq {events[0].seq if events else '-'} and later are refused",
+                session_id=session_id,
+                epoch=lease.epoch,
+            )
+        if lease is None and holder is not None:
+            raise SessionBusyError(
+                f"session {session_id!r} is busy: its write lease is held by {holder.owner} "
+                f"(epoch {holder.epoch}); a write without the lease is refused",
+                session_id=session_id,
+                holder=holder.owner,
+            )
         log = self._log(session_id)
         for event in events:
             if event.seq != len(log):
@@ -115,8 +219,9 @@ class MemoryStore:
                     f"expected {len(log)}"
                 )
             log.append(event_to_json(event))
+        self._marks.advance(session_id, len(log) - 1)
 
-    async def flush(self) -> None:
+    async def flush(self, session_id: str | None = None) -> None:
         """Nothing is pending in a memory store."""
         await trio.lowlevel.checkpoint()
 
@@ -124,6 +229,14 @@ class MemoryStore:
         """Session ids in creation order."""
         await trio.lowlevel.checkpoint()
         return list(self._logs)
+
+    def durable_seq(self, session_id: str) -> int:
+        """The session's last stored seq (a memory store is durable at once); -1 when none."""
+        return self._marks.seq(session_id)
+
+    async def wait_durable(self, session_id: str, seq: int) -> None:
+        """Return once `seq` of `session_id` is stored. Cancellable."""
+        await self._marks.wait(session_id, seq)
 
     def _log(self, session_id: str) -> list[dict[str, Any]]:
         try:

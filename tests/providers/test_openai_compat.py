@@ -360,7 +360,8 @@ async def test_reasoning_streams_and_goes_back_with_tool_calls(frontend: Fronten
 
 
 async def test_an_r1_history_round_trips_without_reasoning_content(frontend: Frontend) -> None:
-    provider, _ = await frontend.provider(profiles={"deepseek-reasoner": R1_PROFILE})
+    legacy = SimulatorEngine(SimulatorConfig(profiles={"deepseek-reasoner": "r1"}))
+    provider, _ = await frontend.provider(legacy, profiles={"deepseek-reasoner": R1_PROFILE})
     first = _request(Message.user('call echo {"text": "x"}'), model="deepseek-reasoner")
     assistant = assistant_of(await collect(provider, first))
     assert any(isinstance(block, ReasoningBlock) for block in assistant.content)

@@ -51,6 +51,7 @@ from actors.session import (
     UnknownSessionError,
     sqlite_store,
 )
+from actors.session.checksum import event_checksum
 from actors.session.events import (
     AssistantChunk,
     AssistantMessage,
@@ -465,40 +466,45 @@ async def test_an_append_cancelled_while_blocked_leaves_its_seq_free(tmp_path: P
     assert [stored_rows(store.path, session_id) for session_id in "abc"] == [1, 1, 1]
 
 
-async def test_a_failed_commit_fails_serve_and_every_later_flush(tmp_path: Path) -> None:
+async def test_a_conflicting_commit_fails_that_session_only(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "sessions.db")
     await store.create("s")
+    await store.create("other")
     with closing(sqlite3.connect(store.path)) as connection:
-        # Another writer took seq 0 behind the store's back: the store's commit must fail.
-        connection.execute("INSERT INTO events VALUES ('s', 0, '{}')")
+        # Another writer took seq 0 behind the store's back: the store's commit must refuse it.
+        connection.execute("INSERT INTO events VALUES ('s', 0, '{}', 0)")
         connection.commit()
-    failed_commit = r"could not commit session 's' seq 0\.\.0: UNIQUE constraint failed"
-    with pytest.RaisesGroup(
-        pytest.RaisesExc(SessionError, match=failed_commit),
-        pytest.RaisesExc(
-            SessionError, match=rf"1 accepted append\(s\) are not durable; .*{failed_commit}"
-        ),
-    ):
-        async with serving(store):
+    async with serving(store):
+        with write_locked(store.path):  # both appends go into one batch
             await store.append("s", [turn_start(0)])
+            await store.append("other", [turn_start(0)])
+        with pytest.raises(
+            SessionError, match=r"refused session 's' seq 0\.\.0: the store's next seq .* is 1"
+        ):
+            await store.flush("s")
+        await store.flush("other")
+        with pytest.raises(SessionError, match=r"refused session 's'"):
+            await store.append("s", [turn_start(1, turn=1)])
+        await store.append("other", [turn_start(1, turn=1)])
+        await store.flush("other")
+        assert store.running
+        with pytest.raises(SessionError, match=r"1 session\(s\) hold accepted appends"):
             await store.flush()
-    assert not store.running
     assert store.statistics().failed_appends == 1
-    with pytest.raises(SessionError, match=r"1 accepted append\(s\) are not durable"):
-        await store.flush()
+    assert stored_rows(store.path, "other") == 2
 
 
 async def test_a_shutdown_commit_past_the_grace_fails_loud(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = SQLiteStore(tmp_path / "sessions.db", shutdown_grace=0.05)
-    original = sqlite_store._insert_rows_and_close
+    original = sqlite_store._insert_batch_and_close
 
-    def slow_final_commit(connection: sqlite3.Connection, rows: list[Any]) -> None:
+    def slow_final_commit(connection: sqlite3.Connection, groups: list[Any], now: int) -> Any:
         time.sleep(0.5)
-        original(connection, rows)
+        return original(connection, groups, now)
 
-    monkeypatch.setattr(sqlite_store, "_insert_rows_and_close", slow_final_commit)
+    monkeypatch.setattr(sqlite_store, "_insert_batch_and_close", slow_final_commit)
     await store.create("s")
     missed = r"committing session 's' seq 1\.\.1 at shutdown took longer than 0\.05 s"
     with pytest.RaisesGroup(pytest.RaisesExc(SessionError, match=missed)):
@@ -509,7 +515,7 @@ async def test_a_shutdown_commit_past_the_grace_fails_loud(
                 await trio.testing.wait_all_tasks_blocked()  # seq 0 is in the stuck commit
                 await store.append("s", [turn_start(1, turn=1)])  # seq 1 waits in the channel
                 writer.cancel_scope.cancel()
-    with pytest.raises(SessionError, match="1 accepted append"):
+    with pytest.raises(SessionError, match=r"1 session\(s\) hold accepted appends"):
         await store.flush()
 
 
@@ -518,7 +524,9 @@ async def test_a_stored_event_of_unknown_type_names_session_and_seq(tmp_path: Pa
     await store.create("s")
     row = json.dumps({"type": "memory/compacted", "seq": 0, "time": 0, "data": {}})
     with closing(sqlite3.connect(store.path)) as connection:
-        connection.execute("INSERT INTO events VALUES ('s', 0, ?)", (row,))
+        connection.execute(
+            "INSERT INTO events VALUES ('s', 0, ?, ?)", (row, event_checksum("s", 0, row))
+        )
         connection.commit()
     with pytest.raises(UnknownEventError, match=r"session 's': event seq 0 has unknown type"):
         await store.load("s")
@@ -528,7 +536,10 @@ async def test_a_stored_event_that_is_not_json_names_session_and_seq(tmp_path: P
     store = SQLiteStore(tmp_path / "sessions.db")
     await store.create("s")
     with closing(sqlite3.connect(store.path)) as connection:
-        connection.execute("INSERT INTO events VALUES ('s', 0, 'not json')")
+        connection.execute(
+            "INSERT INTO events VALUES ('s', 0, 'not json', ?)",
+            (event_checksum("s", 0, "not json"),),
+        )
         connection.commit()
     with pytest.raises(SessionError, match=r"session 's': stored event seq 0 is not valid JSON"):
         await store.load("s")

@@ -10,7 +10,8 @@ import attrs
 import trio
 
 from actors.providers import Chunk, FinishChunk, GenerateRequest, Reply, ScriptedProvider, TextDelta
-from actors.session import Event, MemoryStore, SessionError, UnknownSessionError
+from actors.session import Event, Lease, MemoryStore, SessionError, UnknownSessionError
+from actors.session.durability import DurableMarks
 from supervision import ChildStart, Supervisor
 
 
@@ -84,13 +85,15 @@ class FlakyStore(MemoryStore):
         """Make the next append of an `event_type` event fail."""
         self._fail_type = event_type
 
-    async def append(self, session_id: str, events: Sequence[Event]) -> None:
+    async def append(
+        self, session_id: str, events: Sequence[Event], *, lease: Lease | None = None
+    ) -> None:
         """Append, unless this is the armed failure."""
         if self._fail_type is not None and any(e.type == self._fail_type for e in events):
             self._fail_type = None
             await trio.lowlevel.checkpoint()
             raise SessionError(f"session {session_id!r}: the disk refused a write")
-        await super().append(session_id, events)
+        await super().append(session_id, events, lease=lease)
 
 
 @attrs.define(eq=False)
@@ -106,6 +109,7 @@ class WriterStore:
     durable: dict[str, list[Event]] = attrs.field(factory=dict)
     write_delay: float = 0.0
     _accepted: dict[str, list[Event]] = attrs.field(factory=dict, init=False)
+    _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
     _queue: trio.MemorySendChannel[tuple[str, list[Event]] | trio.Event] | None = attrs.field(
         default=None, init=False
     )
@@ -128,6 +132,8 @@ class WriterStore:
                 else:
                     await trio.sleep(self.write_delay)
                     self.durable.setdefault(item[0], []).extend(item[1])
+                    if item[1]:
+                        self._marks.advance(item[0], item[1][-1].seq)
         finally:
             self._queue = None
             self.log.append("store stopped")
@@ -149,12 +155,23 @@ class WriterStore:
             raise UnknownSessionError(f"session {session_id!r} is not in this store")
         return list(self._accepted[session_id])
 
-    async def append(self, session_id: str, events: Sequence[Event]) -> None:
+    async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
+        """A lease nobody checks (this store has one writer by construction)."""
+        await trio.lowlevel.checkpoint()
+        return Lease(session_id=session_id, owner=owner or "test", epoch=1, expires_ms=0)
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Nothing to release."""
+        await trio.lowlevel.checkpoint()
+
+    async def append(
+        self, session_id: str, events: Sequence[Event], *, lease: Lease | None = None
+    ) -> None:
         """Queue `events` for the writer."""
         self._accepted[session_id].extend(events)
         await self._writer().send((session_id, list(events)))
 
-    async def flush(self) -> None:
+    async def flush(self, session_id: str | None = None) -> None:
         """Wait until the writer has written everything queued before."""
         written = trio.Event()
         await self._writer().send(written)
@@ -164,6 +181,14 @@ class WriterStore:
         """Session ids in creation order."""
         await trio.lowlevel.checkpoint()
         return list(self._accepted)
+
+    def durable_seq(self, session_id: str) -> int:
+        """The newest seq the writer wrote; -1 when none."""
+        return self._marks.seq(session_id)
+
+    async def wait_durable(self, session_id: str, seq: int) -> None:
+        """Return once the writer wrote `seq`."""
+        await self._marks.wait(session_id, seq)
 
     def _writer(self) -> trio.MemorySendChannel[tuple[str, list[Event]] | trio.Event]:
         if self._queue is None:
