@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint typecheck test demo bench clean
+.PHONY: install lint typecheck test test-browser chromium demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,7 +18,14 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --ignore=tests/browser
+
+# The dashboard in Debian's chromium, headless, driven by Playwright (no browser download).
+chromium:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+
+test-browser: $(STAMP) chromium
+	$(VENV)/bin/pytest tests/browser
 
 demo: $(STAMP)
 	$(VENV)/bin/harness demo

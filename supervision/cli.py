@@ -24,6 +24,7 @@ from actors.providers.simulator import run_simulator_cli
 from actors.session import SessionError
 from supervision.commands import agent as agent_commands
 from supervision.commands import log as log_commands
+from supervision.commands import serve as serve_commands
 from supervision.commands import watch as watch_commands
 from supervision.commands.common import (
     EXIT_FAILED,
@@ -35,11 +36,13 @@ from supervision.commands.common import (
 )
 from supervision.config import ConfigError
 from supervision.demo import DEFAULT_STORE, demo_api_key, run_demo
+from supervision.gateway import GatewayError
 from supervision.supervisor import SupervisionError
 
 Register = Callable[[Commands], None]
 
 COMMAND_GROUPS: tuple[Register, ...] = (
+    serve_commands.register,
     agent_commands.register,
     log_commands.register,
     watch_commands.register,
@@ -108,6 +111,8 @@ def expected_failure(exc: BaseException) -> tuple[str, int] | None:
                     "that port; pick another with --port (0: any free port)",
                     EXIT_FAILED,
                 )
+            if isinstance(chain, GatewayError):
+                return f"{chain}; pick another port with --port (0: any free one)", EXIT_FAILED
             if isinstance(chain, SessionError | ProviderError | PromptError | SupervisionError):
                 return str(chain), EXIT_FAILED
             chain = chain.__cause__

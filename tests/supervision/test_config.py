@@ -255,3 +255,19 @@ async def test_profiles_get_their_persona_tools_and_order_and_children_theirs() 
         assert "You are a worker" in (child_header.header.system or "")
         assert [t.name for t in child_header.header.tools] == ["list_files", "read_file"]
         assert deployment.profile_of(agent.session.id) == "orchestrator"
+
+
+async def test_subagents_are_reported_with_their_parent_and_profile() -> None:
+    config = load_config(EXAMPLE)
+    async with open_deployment(config, store_path="memory") as deployment:
+        seen: list[tuple[str, str, str]] = []
+        deployment.on_child(lambda child, parent, profile: seen.append((child, parent, profile)))
+        agent = (await deployment.start_agent("orchestrator")).value
+        agent.followup('go\ncall subagent {"prompt": "hello"}')
+        with trio.fail_after(30):
+            await agent.when_idle()
+        ((child, parent, profile),) = seen
+        assert parent == agent.session.id and profile == "worker"
+        assert deployment.parent_of(child) == agent.session.id
+        assert deployment.profile_of(child) == "worker"
+        assert deployment.parent_of(agent.session.id) is None
