@@ -39,7 +39,7 @@ from actors.prompt import SystemPrompt
 from actors.providers.actor import ProviderActor
 from actors.providers.admission import StallPolicy
 from actors.providers.openai_compat import OpenAICompatProvider, StreamTimeouts
-from actors.providers.simulator import Fault, SimulatorEngine, serve_simulator
+from actors.providers.simulator import Fault, SimulatorConfig, SimulatorEngine, serve_simulator
 from actors.session.events import TurnEnd
 
 RESULTS = Path(__file__).parent / "results" / "fault_matrix.json"
@@ -269,7 +269,8 @@ async def run_matrix(
     turn has ended and at least `min_duration` seconds have passed since the
     fault sessions started (so a no-fault baseline can run as long).
     """
-    engine = SimulatorEngine()
+    # Each scenario's sessions use a model of their own; the simulator serves them as deepseek-chat.
+    engine = SimulatorEngine(SimulatorConfig(default_profile="v4"))
     for scenario in selected:
         engine.faults.for_model(scenario.model, *scenario.faults)
     load = HealthyLoad()
