@@ -209,3 +209,72 @@ def test_help(command_name: str, capsys: pytest.CaptureFixture[str]) -> None:
         main([command_name, "--help"])
     assert info.value.code == 0
     assert f"usage: harness {command_name}" in capsys.readouterr().out
+
+
+async def test_inspect_asks_a_running_gateway(tmp_path: Path) -> None:
+    async with serving(tmp_path, "--token", TOKEN) as (ws, _, _):
+        async with open_gateway_client(ws, TOKEN) as gateway:
+            new = await gateway.call("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+        result = await trio.run_process(
+            command("inspect", new["sessionId"], "--url", ws, "--token", TOKEN, "--json"),
+            cwd=tmp_path,
+            env=environment(),
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        out = json.loads(result.stdout)
+        names = [s["name"] for s in out["sections"]]
+        assert names[:2] == ["harness:identity", "deployment:persona"]
+        assert [t["name"] for t in out["tools"]] == ["list_files", "read_file"]
+        text = await trio.run_process(
+            command("inspect", new["sessionId"], "--url", ws, "--token", TOKEN),
+            cwd=tmp_path,
+            env=environment(),
+            capture_stdout=True,
+        )
+        assert b"deployment:persona" in text.stdout
+
+
+async def test_watch_draws_a_live_table(tmp_path: Path) -> None:
+    async with serving(tmp_path, "--token", TOKEN) as (ws, _, _):
+        async with open_gateway_client(ws, TOKEN) as gateway:
+            new = await gateway.call("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+            await gateway.call(
+                "session/prompt",
+                {"sessionId": new["sessionId"], "prompt": [{"type": "text", "text": "hi"}]},
+            )
+        async with trio.open_nursery() as nursery:
+            watch: trio.Process = await nursery.start(
+                partial(
+                    trio.run_process,
+                    command("watch", "--url", ws, "--token", TOKEN),
+                    cwd=tmp_path,
+                    env={**environment(), "COLUMNS": "160"},
+                    stdout=subprocess.PIPE,
+                    check=False,
+                )
+            )
+            assert watch.stdout is not None
+            lines = Lines(watch.stdout)
+            # A terminal redraws in place; a pipe gets the view when it stops. Stop it once
+            # it follows the session (the gateway counts its log subscription).
+            async with open_gateway_client(ws, TOKEN) as gateway:
+                for _ in range(300):
+                    stats = await gateway.call("_harness/stats", {})
+                    if stats["gateway"]["subscriptions"] >= 1:
+                        break
+                    await trio.sleep(0.1)
+            watch.send_signal(signal.SIGINT)
+            rest = []
+            with trio.fail_after(30):
+                try:
+                    while True:
+                        rest.append(await lines.next())
+                except EOFError:
+                    pass
+            await watch.wait()
+        shown = "\n".join(rest)
+        assert new["sessionId"] in shown and "idle" in shown and "newest events" in shown
+        assert watch.returncode == 0

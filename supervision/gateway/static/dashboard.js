@@ -615,7 +615,21 @@ async function refreshInspect() {
     renderInspect(result);
   } catch (error) {
     if (state.selected !== sessionId) return;
-    box.replaceChildren(el("div", { class: "note", text: `inspect unavailable: ${error.message}` }));
+    const note = el("div", { class: "note", text: `inspect unavailable: ${error.message}` });
+    if (error.data && error.data.reason === "not_running") {
+      const resume = el("button", { type: "button", id: "resume-button", text: "Resume session",
+        onclick: async () => {
+          try {
+            await state.conn.call("session/resume", { sessionId, cwd: "/" });
+            refreshInspect();
+          } catch (failure) {
+            note.textContent = `resume failed: ${failure.message}`;
+          }
+        } });
+      box.replaceChildren(note, resume);
+    } else {
+      box.replaceChildren(note);
+    }
   }
 }
 
