@@ -67,9 +67,14 @@ class ConfigError(ValueError):
 
 @attrs.frozen(kw_only=True)
 class StoreConfig:
-    """`[store]`: where sessions live (`path`: a SQLite file, or "memory")."""
+    """`[store]`: where sessions live.
+
+    `path`: a SQLite file, or "memory"; or `url`: a `postgresql://` URL of
+    the PostgreSQL database many node processes share (then `path` stays unset).
+    """
 
     path: str = DEFAULT_STORE_PATH
+    url: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -450,6 +455,14 @@ def _check_references(config: DeploymentConfig) -> list[str]:
     problems: list[str] = []
     if not config.agents:
         problems.append("no agent profiles: add an [agents.NAME] table")
+    if config.store.url is not None:
+        if not config.store.url.startswith(("postgresql://", "postgres://")):
+            problems.append(
+                "store.url (in [store]) must be a postgresql:// URL, got "
+                f"{config.store.url.partition('://')[0]!r}:// "
+            )
+        if config.store.path != DEFAULT_STORE_PATH:
+            problems.append("[store] takes either path (SQLite) or url (PostgreSQL), not both")
     for name, provider in config.providers.items():
         where = f"[providers.{name}]"
         if provider.kind == "openai-compatible" and provider.base_url is None:

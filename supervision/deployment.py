@@ -42,6 +42,7 @@ from actors.session import MemoryStore, SessionStore, SQLiteStore
 from supervision.config import (
     MEMORY_STORE,
     AgentConfig,
+    ConfigError,
     DeploymentConfig,
     Environment,
     resolve_environment,
@@ -77,7 +78,7 @@ class Deployment:
     root: Path
     """The workspace directory (`workspace` contexts read instructions from here)."""
     store_path: str
-    """Where sessions are stored: a SQLite path, or "memory"."""
+    """Where sessions are stored: a SQLite path, "memory", or a PostgreSQL URL (no password)."""
     _profiles: dict[str, str] = attrs.field(factory=dict)
     _parents: dict[str, str] = attrs.field(factory=dict)
     _scopes: dict[Scope, str] = attrs.field(factory=dict)
@@ -233,11 +234,30 @@ def _profile_tools(profile: AgentConfig, scope: Scope) -> AssembleListener:
     return listener
 
 
-def _store(path: str) -> SessionStore:
+def _store(path: str, url: str | None) -> SessionStore:
+    if url is not None:
+        try:
+            from actors.session.postgres_store import PostgresStore
+        except ImportError as exc:
+            raise ConfigError(
+                f"[store] url needs psycopg, which is not installed ({exc}); "
+                "install the extra: pip install 'harness[postgres]'"
+            ) from exc
+        return PostgresStore(url)
     if path == MEMORY_STORE:
         return MemoryStore()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return SQLiteStore(Path(path))
+
+
+def _redacted(url: str) -> str:
+    """`url` without its password, to show where sessions are stored."""
+    scheme, _, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user = credentials.partition(":")[0]
+    return f"{scheme}://{user}@{host}"
 
 
 @asynccontextmanager
@@ -250,7 +270,7 @@ async def open_deployment(
 ) -> AsyncIterator[Deployment]:
     """Start what `config` describes and yield the running `Deployment`.
 
-    `store_path` overrides `[store] path`; `root` is the workspace directory
+    `store_path` overrides `[store] path` and `url`; `root` is the workspace directory
     (default: the working directory); `environ` the environment secrets are
     read from (default: the process's).
 
@@ -262,8 +282,9 @@ async def open_deployment(
             starts).
     """
     environment = resolve_environment(config, environ)
+    url = None if store_path else config.store.url
     path = store_path or config.store.path
-    store = _store(path)
+    store = _store(path, url)
     async with trio.open_nursery() as nursery:
         providers: dict[str, Provider] = {}
         for name, provider in config.providers.items():
@@ -291,7 +312,7 @@ async def open_deployment(
                 environment=environment,
                 runtime=runtime,
                 root=(root or Path.cwd()).resolve(),
-                store_path=path,
+                store_path=path if url is None else _redacted(url),
             )
         nursery.cancel_scope.cancel()
 
