@@ -267,9 +267,16 @@ class Gateway:
 
     # -- connections -------------------------------------------------------------
 
-    async def run_connection(self, transport: Transport, principal: Principal) -> int:
-        """Run one connection actor to its end; returns its close code."""
+    async def run_connection(
+        self, transport: Transport, principal: Principal, *, answer_after_eof: bool = False
+    ) -> int:
+        """Run one connection actor to its end; returns its close code.
+
+        `answer_after_eof`: when the input ends, answer the requests already
+        running before closing (for stdio, whose output stays open).
+        """
         connection = Connection(
+            answer_after_eof=answer_after_eof,
             gateway=self,
             transport=transport,
             principal=principal,

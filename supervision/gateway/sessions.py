@@ -9,7 +9,7 @@ only: `Runtime.start_agent`, the supervisor's children, the store.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -26,12 +26,16 @@ AGENT_CHILD_PREFIX = "agent:"
 """The supervisor child id of a session's agent is this prefix plus the session id."""
 
 
+def _tool_tuple(value: Iterable[Tool]) -> tuple[Tool, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class AgentProfile:
     """What `session/new` starts: model options, tools, and an optional per-agent setup."""
 
     options: AgentOptions
-    tools: tuple[Tool, ...] = attrs.field(default=(), converter=tuple)
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tool_tuple)
     setup: Callable[[Agent], None] | None = None
 
 

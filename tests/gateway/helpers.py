@@ -172,13 +172,35 @@ async def connect(
     message_queue_size: int = 64,
 ) -> AsyncIterator[RpcClient]:
     """A client connected to `gateway` with a reader task; initialized unless told not to."""
-    stream = await trio.open_tcp_stream(gateway.host, gateway.port)
+    async with open_client(
+        gateway.host,
+        gateway.port,
+        headers=headers,
+        initialize=initialize,
+        subprotocols=subprotocols,
+        message_queue_size=message_queue_size,
+    ) as client:
+        yield client
+
+
+@asynccontextmanager
+async def open_client(
+    host: str,
+    port: int,
+    *,
+    headers: Sequence[tuple[str, str]] = AUTH,
+    initialize: bool = True,
+    subprotocols: Sequence[str] | None = None,
+    message_queue_size: int = 64,
+) -> AsyncIterator[RpcClient]:
+    """As `connect`, to any host and port; the TCP stream is always closed on the way out."""
+    stream = await trio.open_tcp_stream(host, port)
     try:
         async with trio.open_nursery() as nursery:
             ws = await trio_websocket.wrap_client_stream(
                 nursery,
                 stream,
-                gateway.host,
+                host,
                 "/acp",
                 extra_headers=[(k.encode(), v.encode()) for k, v in headers],
                 subprotocols=subprotocols,
