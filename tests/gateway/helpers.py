@@ -6,6 +6,7 @@ import itertools
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -62,6 +63,8 @@ async def running_gateway(
     write_deadline: float = 10.0,
     config: SimulatorConfig | None = None,
     origins: Sequence[str] | None = None,
+    max_inflight: int = 64,
+    static_dir: Path | None = None,
 ) -> AsyncIterator[Gateway]:
     """A runtime on the simulator with the `default` profile, and its gateway."""
     async with (
@@ -81,6 +84,8 @@ async def running_gateway(
             },
             write_deadline=write_deadline,
             origins=origins,
+            max_inflight=max_inflight,
+            static_dir=static_dir,
         ) as gateway,
     ):
         yield gateway
