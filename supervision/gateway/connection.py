@@ -397,30 +397,29 @@ class Connection:
 
     async def _write(self) -> None:
         while True:
-            self._unsent = list(await self.outbox.take())
-            while self._unsent:
-                # A frame is never cut by a close (only by its write deadline), so
-                # the frames still unsent can follow it before the close frame.
-                with (
-                    trio.CancelScope(shield=True),
-                    trio.move_on_after(self.write_deadline) as deadline,
-                ):
-                    try:
-                        await self.transport.send(self._unsent[0])
-                    except TransportClosed:
-                        self.close(CLOSE_NORMAL, "peer gone")
-                        return
-                if deadline.cancelled_caught:
-                    self.gateway.count_slow_consumer()
-                    self._stalled = True
-                    self.close(
-                        CLOSE_SLOW_CONSUMER,
-                        f"slow consumer: a write stalled for {self.write_deadline} s",
-                    )
+            self._unsent = await self.outbox.take()
+            # A batch is never cut by a close (only by the write deadline), so a
+            # close never loses a reply that was already taken from the outbox.
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(self.write_deadline) as deadline,
+            ):
+                try:
+                    await self.transport.send_batch(self._unsent)
+                except TransportClosed:
+                    self.close(CLOSE_NORMAL, "peer gone")
                     return
-                del self._unsent[0]
-                self.frames_written += 1
-                await trio.lowlevel.checkpoint_if_cancelled()
+            if deadline.cancelled_caught:
+                self.gateway.count_slow_consumer()
+                self._stalled = True
+                self.close(
+                    CLOSE_SLOW_CONSUMER,
+                    f"slow consumer: a write stalled for {self.write_deadline} s",
+                )
+                return
+            self.frames_written += len(self._unsent)
+            self._unsent = []
+            await trio.lowlevel.checkpoint_if_cancelled()
 
     async def _say_goodbye(self) -> None:
         for callback in self._on_close:

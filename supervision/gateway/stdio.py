@@ -52,6 +52,13 @@ class StdioTransport:
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise TransportClosed(None, str(exc)) from None
 
+    async def send_batch(self, texts: list[str]) -> None:
+        """Write several lines at once."""
+        try:
+            await self.stdout.send_all("".join(text + "\n" for text in texts).encode())
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise TransportClosed(None, str(exc)) from None
+
     async def close(self, code: int, reason: str) -> None:
         """Stop reading (stdio has no close frame)."""
         self._closed = True
