@@ -200,7 +200,7 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         await lines.next()  # ready
         start_events = sum(len(agent.session) for agent in agents)
         cpu_before_attach = time.process_time()
-        att_cpu, att_wall, att_steps = await _run_turns(agents, args.turns)
+        _, att_wall, att_steps = await _run_turns(agents, args.turns)
         appended = sum(len(agent.session) for agent in agents) - start_events
         expected = appended * args.supervisors
         await process.stdin.send_all(
