@@ -130,6 +130,7 @@ def agent_options(profile: AgentConfig) -> AgentOptions:
         provider_name=profile.provider,
         max_tokens=profile.max_tokens,
         temperature=profile.temperature,
+        max_steps=profile.max_steps,
     )
 
 

@@ -17,7 +17,7 @@ from supervision.config import (
     load_config,
     resolve_environment,
 )
-from supervision.deployment import open_deployment
+from supervision.deployment import agent_options, open_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "orchestrator.toml"
@@ -255,3 +255,8 @@ async def test_profiles_get_their_persona_tools_and_order_and_children_theirs() 
         assert "You are a worker" in (child_header.header.system or "")
         assert [t.name for t in child_header.header.tools] == ["list_files", "read_file"]
         assert deployment.profile_of(agent.session.id) == "orchestrator"
+
+
+def test_a_profiles_max_steps_reaches_the_agent_options(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL + "max_steps = 7\n"))
+    assert agent_options(config.agent("default")).max_steps == 7
