@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from actors.agent import Tool
+import supervision.deployment as deployment_module
+from actors.agent import Agent, Tool
+from actors.context import Compaction
+from actors.scope import Registration
 from supervision.config import (
     DEFAULT_TOOLS,
     ConfigError,
@@ -260,3 +263,22 @@ async def test_profiles_get_their_persona_tools_and_order_and_children_theirs() 
 def test_a_profiles_max_steps_reaches_the_agent_options(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, MINIMAL + "max_steps = 7\n"))
     assert agent_options(config.agent("default")).max_steps == 7
+
+
+async def test_the_compaction_context_installs_compaction_on_each_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed: list[object] = []
+
+    class Recorded(Compaction):
+        def install(self, agent: Agent) -> Registration:
+            installed.append(agent)
+            return super().install(agent)
+
+    monkeypatch.setattr(deployment_module, "Compaction", Recorded)
+    config = load_config(write(tmp_path, MINIMAL + 'contexts = ["compaction"]\n'))
+    assert config.agent("default").contexts == ("compaction",)
+    async with open_deployment(config, store_path="memory") as deployment:
+        agent = (await deployment.start_agent("default")).value
+        await agent.run("hello")
+    assert installed == [agent]
