@@ -186,6 +186,8 @@ async def serve_llama_server(
                 if process.returncode is None:
                     process.kill()
                     await process.wait()
+            if process.stderr is not None:
+                await process.stderr.aclose()
 
 
 LOCAL_DEMO_MAX_TOKENS = 48

@@ -149,9 +149,15 @@ def _tools_entry(tools: tuple[ToolSchema, ...]) -> tuple[tuple[ToolSchema, ...],
     )
     entry = (tools, text, json.loads(text))
     _tools_cache[key] = entry
+    _tools_by_shared_json[id(entry[2])] = entry
     if len(_tools_cache) > _TOOLS_CACHE_SIZE:
-        _tools_cache.popitem(last=False)
+        _, evicted = _tools_cache.popitem(last=False)
+        del _tools_by_shared_json[id(evicted[2])]
     return entry
+
+
+_tools_by_shared_json: dict[int, tuple[tuple[ToolSchema, ...], str, list[Any]]] = {}
+"""The cache entries by the identity of their shared decoded list (alive while cached)."""
 
 
 def _tools_text(tools: tuple[ToolSchema, ...]) -> str:
@@ -174,11 +180,14 @@ def _structure_header(obj: Any, _: type) -> RequestHeader:
     extra = set(obj) - {"config", "system", "tools"}
     if extra:
         raise SessionError(f"a request header has unknown fields {sorted(extra)}")
-    return RequestHeader(
-        config=obj["config"],
-        system=obj.get("system"),
-        tools=tuple(converter.structure(tool, ToolSchema) for tool in obj.get("tools", ())),
-    )
+    tools_json = obj.get("tools", ())
+    shared = _tools_by_shared_json.get(id(tools_json))
+    if shared is not None and shared[2] is tools_json:
+        # A shared list (`event_to_shared_json`) comes from these very schemas.
+        tools = shared[0]
+    else:
+        tools = tuple(converter.structure(tool, ToolSchema) for tool in tools_json)
+    return RequestHeader(config=obj["config"], system=obj.get("system"), tools=tools)
 
 
 converter.register_unstructure_hook(ToolSchema, _unstructure_tool)

@@ -78,7 +78,11 @@ class LevelSettings:
 
 @attrs.frozen(kw_only=True)
 class LevelResult:
-    """What one level measured (times in seconds unless named otherwise)."""
+    """What one level measured (times in seconds unless named otherwise).
+
+    `request_failures` counts failed provider attempts by failure code
+    (each was retried by the agent's retry policy, or failed its turn).
+    """
 
     framework: str
     sessions: int
@@ -94,6 +98,7 @@ class LevelResult:
     sequential_cpu_ms_per_step: float
     single_turn_s: float
     idle_session_turn_s: float
+    request_failures: dict[str, int]
     settings: dict[str, Any]
 
 
@@ -140,6 +145,7 @@ class _TimedProvider:
     def __init__(self, actor: ProviderActor, on_step: ProgressHook | None) -> None:
         self.actor = actor
         self.waited: dict[str, float] = {}
+        self.failures: dict[str, int] = {}
         self._on_step = on_step
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -153,6 +159,9 @@ class _TimedProvider:
         async with aclosing(self.actor.stream(request)) as chunks:
             async for chunk in chunks:
                 if isinstance(chunk, FinishChunk):
+                    if chunk.failure is not None:
+                        code = chunk.failure.code
+                        self.failures[code] = self.failures.get(code, 0) + 1
                     elapsed = trio.current_time() - started
                     self.waited[key] = self.waited.get(key, 0.0) + elapsed
                     if self._on_step is not None:
@@ -245,6 +254,7 @@ async def _measure(
     single: float,
 ) -> LevelResult:
     sessions = settings.sessions
+    provider.failures.clear()
     gc.collect()
     rss_before = rss_kb()
     agents: list[Agent] = [await start() for _ in range(sessions)]
@@ -291,6 +301,7 @@ async def _measure(
         sequential_cpu_ms_per_step=sequential,
         single_turn_s=single,
         idle_session_turn_s=idle_turn,
+        request_failures=dict(provider.failures),
         settings=attrs.asdict(settings),
     )
 

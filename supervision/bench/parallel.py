@@ -32,7 +32,7 @@ class BenchError(RuntimeError):
 
 
 def run_child(command: Sequence[str], sim: SimulatorProcess, what: str) -> dict[str, Any]:
-    """Run one level in a child process and add the simulator's accounting to its result.
+    """Run one level in a child process; add the simulator's accounting and CPU time to its result.
 
     The child prints its result as the last line of stdout; its stderr
     (the progress bar) goes to this process's stderr.
@@ -41,7 +41,9 @@ def run_child(command: Sequence[str], sim: SimulatorProcess, what: str) -> dict[
         BenchError: the child failed or printed no JSON result.
     """
     sim.reset()
+    sim_cpu = sim.cpu_seconds()
     done = subprocess.run(list(command), stdout=subprocess.PIPE, text=True, check=False)
+    sim_cpu = sim.cpu_seconds() - sim_cpu
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise BenchError(f"{what} failed (exit {done.returncode}): {done.stdout[-2000:]!r}")
@@ -50,6 +52,7 @@ def run_child(command: Sequence[str], sim: SimulatorProcess, what: str) -> dict[
     except ValueError as exc:
         raise BenchError(f"{what} printed no JSON result: {lines[-1]!r}") from exc
     accounting = sim.accounting()
+    result["simulator_cpu_s"] = sim_cpu
     result["cache"] = {
         **attrs.asdict(accounting),
         "hit_ratio": accounting.hit_ratio,

@@ -18,6 +18,7 @@ _COLUMNS = (
     ("rss_kb_per_idle_session", "RSS KB/idle session", "{:.1f}"),
     ("rss_mb_total", "RSS MB", "{:.0f}"),
     ("failed_turns", "failed", "{}"),
+    ("simulator_cpu_s", "sim CPU s", "{:.1f}"),
 )
 
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any, cast
 
 import attrs
@@ -209,6 +211,11 @@ class SimulatorProcess:
             httpx.post(self.url + RESET_PATH, timeout=30.0).raise_for_status()
         except httpx.HTTPError as exc:
             raise SimulatorProcessError(f"simulator at {self.url}: reset failed: {exc}") from exc
+
+    def cpu_seconds(self) -> float:
+        """The CPU time the simulator process has used so far (Linux `/proc`)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         """Terminate the process and wait for it (killed after 10 s)."""

@@ -65,3 +65,12 @@ async def test_a_memory_store_keeps_one_copy_across_sessions_and_loads_them_exac
     data = loaded[0][0].data
     assert isinstance(data, RequestHeaderLogged)
     assert data.header.tools == TOOLS
+
+
+async def test_loading_a_shared_tools_list_gives_back_the_very_schemas_logged() -> None:
+    store = MemoryStore()
+    await store.create("a")
+    await store.append("a", [_header_event()])
+    (event,) = await store.load("a")
+    assert isinstance(event.data, RequestHeaderLogged)
+    assert all(a is b for a, b in zip(event.data.header.tools, TOOLS, strict=True))
