@@ -288,7 +288,9 @@ async def test_subagents_are_reported_with_their_parent_and_profile() -> None:
     config = load_config(EXAMPLE)
     async with open_deployment(config, store_path="memory") as deployment:
         seen: list[tuple[str, str, str]] = []
-        deployment.on_child(lambda child, parent, profile: seen.append((child, parent, profile)))
+        deployment.on_child(
+            lambda child, parent, profile: seen.append((child.session.id, parent, profile))
+        )
         agent = (await deployment.start_agent("orchestrator")).value
         agent.followup('go\ncall subagent {"prompt": "hello"}')
         with trio.fail_after(30):
