@@ -4,10 +4,10 @@ It owns the provider's `httpx.AsyncClient` (explicit `Limits` and
 `Timeout`), caps the requests in flight (DeepSeek limits concurrency per
 account), sets stalled requests aside so they cannot starve healthy ones
 (`actors.providers.admission`), and streams each request's chunks to its
-caller over a bounded channel. Callers hold a `Provider`-compatible handle (the actor itself):
-`stream(request)` queues a job and yields chunks as they arrive. A caller
-that stops reading or is cancelled cancels its job, which closes the HTTP
-stream at once.
+caller over a bounded channel. Callers hold a `Provider`-compatible handle
+(the actor itself): `stream(request)` queues a job and yields chunks as they
+arrive. A caller that stops reading or is cancelled cancels its job, which
+closes the HTTP stream at once.
 """
 
 from __future__ import annotations

@@ -511,27 +511,28 @@ class Session:
 def _unanswered_calls(turn_events: Sequence[Event]) -> list[EventData]:
     """For each tool call of a cut-off turn without a result: its `tool/call` if missing, then an
     `Interrupted` error `tool/result` (so every call the model made is answered, in its order)."""
-    logged = {e.data.call_id for e in turn_events if isinstance(e.data, ToolCallRequested)}
+    logged = {e.data.call_id: e.data for e in turn_events if isinstance(e.data, ToolCallRequested)}
     answered = {e.data.call_id for e in turn_events if isinstance(e.data, ToolResult)}
     missing: list[EventData] = []
-    calls: list[ToolCallRequested] = []
+    calls: dict[str, ToolCallRequested] = {}
     for event in turn_events:
         data = event.data
-        if isinstance(data, AssistantMessage) and event.surface_op is None:
-            for block in data.message.tool_calls:
-                if block.id not in logged:
-                    call = ToolCallRequested(
-                        turn=data.turn,
-                        step=data.step,
-                        call_id=block.id,
-                        name=block.name,
-                        arguments=block.arguments,
-                    )
-                    missing.append(call)
-                    calls.append(call)
-                    logged.add(block.id)
-        elif isinstance(data, ToolCallRequested):
-            calls.append(data)
+        if not isinstance(data, AssistantMessage) or event.surface_op is not None:
+            continue
+        for block in data.message.tool_calls:
+            call = logged.get(block.id)
+            if call is None:
+                call = ToolCallRequested(
+                    turn=data.turn,
+                    step=data.step,
+                    call_id=block.id,
+                    name=block.name,
+                    arguments=block.arguments,
+                )
+                missing.append(call)
+            calls.setdefault(block.id, call)
+    for call_id, call in logged.items():
+        calls.setdefault(call_id, call)
     results: list[EventData] = [
         ToolResult(
             turn=call.turn,
@@ -541,7 +542,7 @@ def _unanswered_calls(turn_events: Sequence[Event]) -> list[EventData]:
             is_error=True,
             error=ToolError(name="Interrupted", code="interrupted"),
         )
-        for call in calls
+        for call in calls.values()
         if call.call_id not in answered
     ]
     return [*missing, *results]

@@ -8,6 +8,8 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actors.providers import Chunk, FinishChunk, GenerateRequest, TextDelta
 from actors.providers.actor import ProviderActor
@@ -158,3 +160,65 @@ def test_a_stall_policy_refuses_nonsense() -> None:
         StallPolicy(stall_after=0)
     with pytest.raises(ValueError, match="max_stalled"):
         StallPolicy(max_stalled=-1)
+
+
+@attrs.define
+class Scripted:
+    """Each request's model names its gaps: "0.5,3,0.1" waits 0.5 s, sends, waits 3 s, sends..."""
+
+    actor: ProviderActor | None = None
+    worst_open: int = 0
+    worst_stalled: int = 0
+
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+        for gap in str(request.config["model"]).split(","):
+            await trio.sleep(float(gap))
+            self._sample()
+            yield TextDelta(text="x")
+        yield FinishChunk(reason="completed")
+
+    def _sample(self) -> None:
+        assert self.actor is not None
+        stats = self.actor.statistics()
+        self.worst_open = max(self.worst_open, stats.in_flight)
+        self.worst_stalled = max(self.worst_stalled, stats.stalled)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    schedules=st.lists(
+        st.lists(st.sampled_from([0.0, 0.05, 0.5, 1.5, 4.0]), min_size=1, max_size=5),
+        min_size=1,
+        max_size=12,
+    ),
+    max_in_flight=st.integers(min_value=1, max_value=4),
+    max_stalled=st.integers(min_value=0, max_value=4),
+)
+def test_the_budget_bounds_open_and_stalled_requests_and_every_request_finishes(
+    schedules: list[list[float]], max_in_flight: int, max_stalled: int
+) -> None:
+    provider = Scripted()
+    actor = ProviderActor(
+        name="p",
+        factory=lambda client: provider,
+        max_in_flight=max_in_flight,
+        stall=StallPolicy(stall_after=1.0, max_stalled=max_stalled),
+    )
+    provider.actor = actor
+    times: list[float] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(actor.serve)
+            async with trio.open_nursery() as callers:
+                for schedule in schedules:
+                    model = ",".join(str(gap) for gap in schedule)
+                    callers.start_soon(_finish_time, actor, model, times)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    stats = actor.statistics()
+    assert len(times) == len(schedules) == stats.completed
+    assert (stats.in_flight, stats.stalled, stats.queued) == (0, 0, 0)
+    assert provider.worst_stalled <= max_stalled
+    assert provider.worst_open <= max_in_flight + max_stalled

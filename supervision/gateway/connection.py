@@ -1,0 +1,418 @@
+"""One supervisor connection: an actor with a reader task, one writer task and its cursors.
+
+The connection only frames, orders and bounds; handlers (plain async
+functions of params and a `Call`) never touch the transport.
+
+- The **reader** takes one message at a time. A binary frame closes with
+  1003, an oversized one with 1009 (trio-websocket enforces the size on
+  websockets); malformed JSON-RPC gets an error answer and the connection
+  stays open. Requests run in worker tasks, at most `max_inflight` at once
+  (-33003 `overloaded` beyond); a duplicate in-flight id is -32600. So the
+  reader never blocks on a handler.
+- The **writer** drains the `Outbox` (replies first, then cursor batches);
+  each write runs under the write deadline, and a write that stalls past it
+  closes the connection with **4008** (aborting it where even the close
+  frame cannot be written).
+- Each **cursor** (log subscription, prompt, load replay) has a follow task
+  that waits until its next seq is durable, reads the durable events from
+  there and queues their frames; a full outbox blocks only that task.
+  Agents never wait on a connection.
+
+A handler that fails with anything but `RpcError` is a bug: its request is
+answered -32603 and the connection closes with 1011. Nothing a connection
+does can take the server down.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from actors.session import SessionError
+from supervision.gateway.auth import Principal
+from supervision.gateway.cursors import Cursor, LogCursor, PromptCursor
+from supervision.gateway.outbox import Outbox, OutboxClosed, OutboxOverflow
+from supervision.gateway.protocol import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    OVERLOADED,
+    Frame,
+    JsonId,
+    Notification,
+    Request,
+    RpcError,
+    dumps,
+    error_response,
+    parse_frame,
+    response,
+)
+from supervision.gateway.transport import Transport, TransportClosed
+
+if TYPE_CHECKING:
+    from supervision.gateway.server import Gateway
+
+log = logging.getLogger(__name__)
+
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_UNSUPPORTED = 1003
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_INTERNAL = 1011
+CLOSE_SLOW_CONSUMER = 4008
+
+CURSOR_BATCH = 256
+"""Most events one cursor reads and queues per round."""
+
+CLOSE_GRACE_SECONDS = 1.0
+"""How long a close handshake may take before the connection is aborted."""
+
+DEFERRED: Any = object()
+"""Returned by a handler whose reply a cursor sends later (`session/prompt`, `session/load`)."""
+
+
+@attrs.define(eq=False)
+class Call:
+    """What a handler gets besides its params: the connection, its principal, the request id."""
+
+    connection: Connection
+    id: JsonId
+
+    @property
+    def gateway(self) -> Gateway:
+        """The gateway serving this connection."""
+        return self.connection.gateway
+
+    @property
+    def principal(self) -> Principal:
+        """Who is calling."""
+        return self.connection.principal
+
+
+Handler = Callable[[Any, Call], Awaitable[Any]]
+
+
+@attrs.frozen(kw_only=True)
+class ConnectionStatistics:
+    """A snapshot of one connection."""
+
+    inflight: int
+    subscriptions: int
+    queued_frames: int
+    frames_written: int
+
+
+_subscription_ids = itertools.count()
+
+
+@attrs.define(eq=False)
+class Connection:
+    """The actor of one connection (see the module docstring). Run with `run()`."""
+
+    gateway: Gateway
+    transport: Transport
+    principal: Principal
+    write_deadline: float
+    max_inflight: int
+    max_frame: int
+    initialized: bool = False
+    outbox: Outbox = attrs.field(factory=Outbox)
+    subscriptions: dict[str, LogCursor] = attrs.field(factory=dict)
+    subscription_stops: dict[str, Callable[[], None]] = attrs.field(factory=dict)
+    prompts: dict[str, PromptCursor] = attrs.field(factory=dict)
+    frames_written: int = 0
+    _inflight: dict[JsonId, trio.CancelScope] = attrs.field(factory=dict)
+    _cursor_scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
+    _nursery: trio.Nursery | None = None
+    _close_code: int = CLOSE_NORMAL
+    _close_reason: str = ""
+    _stalled: bool = False
+    _close_requested: bool = False
+    _on_close: list[Callable[[], None]] = attrs.field(factory=list)
+
+    async def run(self) -> int:
+        """Serve the connection until the peer leaves or it is closed; return the close code.
+
+        Cancellation: closes with the code set by `close()` (the gateway's
+        shutdown sets 1001 first) within the close grace, else aborts.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._read)
+                nursery.start_soon(self._write)
+        finally:
+            if not self._close_requested:
+                # Cancelled from outside: the server is shutting down.
+                self._close_code, self._close_reason = CLOSE_GOING_AWAY, "server shutting down"
+            self.outbox.close()
+            with trio.CancelScope(shield=True):
+                await self._say_goodbye()
+        return self._close_code
+
+    def close(self, code: int, reason: str) -> None:
+        """Close the connection with `code` (the first close wins)."""
+        if self._nursery is not None and not self._close_requested:
+            self._close_requested = True
+            self._close_code = code
+            self._close_reason = reason
+            self._nursery.cancel_scope.cancel()
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` when the connection ends (to drop registrations it made)."""
+        self._on_close.append(callback)
+
+    def statistics(self) -> ConnectionStatistics:
+        """Requests in flight, subscriptions, queued frames, frames written."""
+        return ConnectionStatistics(
+            inflight=len(self._inflight),
+            subscriptions=len(self.subscriptions),
+            queued_frames=self.outbox.queued_frames,
+            frames_written=self.frames_written,
+        )
+
+    # -- cursors ------------------------------------------------------------
+
+    def new_subscription_id(self) -> str:
+        """A fresh subscription id, unique in this gateway."""
+        return f"sub-{next(_subscription_ids)}"
+
+    def follow(self, cursor: Cursor) -> Callable[[], None]:
+        """Start the follow task of `cursor`; returns a function that stops it."""
+        nursery = self._nursery
+        if nursery is None:
+            raise RuntimeError("the connection is not running")
+        scope = trio.CancelScope()
+        key = id(cursor)
+        self._cursor_scopes[key] = scope
+        nursery.start_soon(self._follow, cursor, scope)
+
+        def stop() -> None:
+            scope.cancel()
+            self._cursor_scopes.pop(key, None)
+
+        return stop
+
+    async def _follow(self, cursor: Cursor, scope: trio.CancelScope) -> None:
+        gateway = self.gateway
+        with scope:
+            try:
+                while not cursor.finished:
+                    events, head = await gateway.read_durable(
+                        cursor.session_id, cursor.next_seq, CURSOR_BATCH
+                    )
+                    frames = cursor.take(events, head)
+                    if frames:
+                        await self.outbox.put_log(frames)
+            except OutboxClosed:
+                return
+            except SessionError as exc:
+                self.close(CLOSE_INTERNAL, f"session {cursor.session_id!r}: {exc}")
+        self._cursor_scopes.pop(id(cursor), None)
+
+    # -- reader ---------------------------------------------------------------
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                message = await self.transport.receive()
+            except TransportClosed as exc:
+                self.close(exc.code or CLOSE_NORMAL, "peer closed")
+                return
+            if isinstance(message, bytes):
+                self.close(CLOSE_UNSUPPORTED, "binary frames are not accepted; send text")
+                return
+            if len(message) > self.max_frame:
+                self.close(CLOSE_TOO_BIG, f"frame over {self.max_frame} bytes")
+                return
+            self._dispatch(parse_frame(message))
+
+    def _dispatch(self, frame: Frame) -> None:
+        if frame.batch:
+            self._start_batch(frame)
+            return
+        (message,) = frame.messages
+        if isinstance(message, RpcError):
+            self._send_control(error_response(message.id, message))
+        elif isinstance(message, Notification):
+            self._notify(message)
+        else:
+            error = self._admit(message, in_batch=False)
+            if error is not None:
+                self._send_control(error_response(message.id, error))
+                return
+            scope = trio.CancelScope()
+            self._inflight[message.id] = scope
+            assert self._nursery is not None
+            self._nursery.start_soon(self._answer, message, scope)
+
+    def _admit(self, request: Request, *, in_batch: bool) -> RpcError | None:
+        if request.id in self._inflight:
+            return RpcError(
+                INVALID_REQUEST,
+                f"request id {request.id!r} is already in flight on this connection",
+            )
+        if len(self._inflight) >= self.max_inflight:
+            return RpcError(
+                OVERLOADED,
+                f"{self.max_inflight} requests are in flight on this connection; "
+                f"{request.method!r} was not started",
+                {"reason": "overloaded", "retryAfterMs": 100},
+            )
+        return self.gateway.methods.admit(self, request.method, in_batch=in_batch)
+
+    def _notify(self, message: Notification) -> None:
+        method = self.gateway.methods.notification(message.method)
+        if method is None or not self.initialized:
+            return  # unknown notifications are ignored (ACP); they are never answered
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_notification, method, message)
+
+    async def _run_notification(self, method: Handler, message: Notification) -> None:
+        try:
+            await method(message.params, Call(connection=self, id=None))
+        except RpcError:
+            pass  # a notification has no answer to carry the error
+        except Exception:
+            log.exception("notification %r failed", message.method)
+            self.close(CLOSE_INTERNAL, f"notification {message.method!r} failed")
+
+    async def _answer(self, request: Request, scope: trio.CancelScope) -> None:
+        deferred = False
+        try:
+            with scope:
+                try:
+                    result = await self.gateway.methods.call(
+                        request.method, request.params, Call(connection=self, id=request.id)
+                    )
+                except RpcError as error:
+                    self._send_control(error_response(request.id, error))
+                    return
+                except Exception as exc:
+                    log.exception("handler of %r failed", request.method)
+                    failure = RpcError(INTERNAL_ERROR, f"{request.method!r} failed: {exc}")
+                    self._send_control(error_response(request.id, failure))
+                    self.close(CLOSE_INTERNAL, f"handler of {request.method!r} failed")
+                    return
+                if result is DEFERRED:
+                    deferred = True
+                    return
+                self._send_control(response(request.id, result))
+        finally:
+            if not deferred:
+                self._inflight.pop(request.id, None)
+
+    def release(self, request_id: JsonId) -> None:
+        """A deferred request got its reply (from its cursor): free its in-flight slot."""
+        self._inflight.pop(request_id, None)
+
+    def _start_batch(self, frame: Frame) -> None:
+        answers: list[dict[str, Any] | None] = [None] * len(frame.messages)
+        admitted: list[tuple[int, Request]] = []
+        for index, message in enumerate(frame.messages):
+            if isinstance(message, RpcError):
+                answers[index] = error_response(message.id, message)
+            elif isinstance(message, Notification):
+                self._notify(message)
+            else:
+                error = self._admit(message, in_batch=True)
+                if error is not None:
+                    answers[index] = error_response(message.id, error)
+                else:
+                    self._inflight[message.id] = trio.CancelScope()
+                    admitted.append((index, message))
+        if not admitted:
+            replies = [answer for answer in answers if answer is not None]
+            if replies:
+                self._put_control(dumps(replies))
+            return
+        assert self._nursery is not None
+        self._nursery.start_soon(self._answer_batch, answers, admitted)
+
+    async def _answer_batch(
+        self, answers: list[dict[str, Any] | None], admitted: list[tuple[int, Request]]
+    ) -> None:
+        try:
+            for index, request in admitted:
+                try:
+                    result = await self.gateway.methods.call(
+                        request.method, request.params, Call(connection=self, id=request.id)
+                    )
+                    answers[index] = response(request.id, result)
+                except RpcError as error:
+                    answers[index] = error_response(request.id, error)
+                except Exception as exc:
+                    log.exception("handler of %r failed", request.method)
+                    failure = RpcError(INTERNAL_ERROR, f"{request.method!r} failed: {exc}")
+                    answers[index] = error_response(request.id, failure)
+                    self.close(CLOSE_INTERNAL, f"handler of {request.method!r} failed")
+                finally:
+                    self._inflight.pop(request.id, None)
+        finally:
+            replies = [answer for answer in answers if answer is not None]
+            if replies and not self.outbox_closed:
+                self._put_control(dumps(replies))
+
+    # -- writer -----------------------------------------------------------------
+
+    @property
+    def outbox_closed(self) -> bool:
+        """True once the connection stopped accepting frames."""
+        return self._nursery is None or self._nursery.cancel_scope.cancel_called
+
+    def send_notification(self, message: Mapping[str, Any]) -> None:
+        """Queue a notification on the control lane (snapshots, changes)."""
+        self._send_control(message)
+
+    def _send_control(self, message: Mapping[str, Any]) -> None:
+        self._put_control(dumps(message))
+
+    def _put_control(self, text: str) -> None:
+        try:
+            self.outbox.put_control(text)
+        except OutboxOverflow as exc:
+            self.gateway.count_slow_consumer()
+            self.close(CLOSE_SLOW_CONSUMER, str(exc))
+        except OutboxClosed:
+            pass
+
+    async def _write(self) -> None:
+        while True:
+            frames = await self.outbox.take()
+            for frame in frames:
+                with trio.move_on_after(self.write_deadline) as deadline:
+                    try:
+                        await self.transport.send(frame)
+                    except TransportClosed:
+                        self.close(CLOSE_NORMAL, "peer gone")
+                        return
+                if deadline.cancelled_caught:
+                    self.gateway.count_slow_consumer()
+                    self._stalled = True
+                    self.close(
+                        CLOSE_SLOW_CONSUMER,
+                        f"slow consumer: a write stalled for {self.write_deadline} s",
+                    )
+                    return
+                self.frames_written += 1
+
+    async def _say_goodbye(self) -> None:
+        for callback in self._on_close:
+            callback()
+        for key in list(self._cursor_scopes):
+            self._cursor_scopes.pop(key).cancel()
+        with trio.move_on_after(0 if self._stalled else CLOSE_GRACE_SECONDS) as grace:
+            try:
+                # Replies already queued go out before the close frame.
+                for frame in self.outbox.take_control_nowait():
+                    await self.transport.send(frame)
+                await self.transport.close(self._close_code, self._close_reason)
+            except Exception:
+                grace.cancel()
+        if grace.cancelled_caught:
+            await self.transport.abort()

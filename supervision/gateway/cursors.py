@@ -1,0 +1,218 @@
+"""Subscription cursors: positions in a session log that turn durable events into frames.
+
+A cursor is never a queue of copies: it holds `next_seq`, and the
+connection's follow task reads durable events from there (live log or
+store) at the pace the socket drains, asks the cursor for the frames they
+make, and moves on. Kinds:
+
+- `LogCursor` (`_harness/log/subscribe`): every event as
+  `_harness/log/event` (optionally only some types), then one
+  `_harness/log/caughtUp` when it first reaches the durable head.
+- `PromptCursor` (`session/prompt`): finds the turn that took the prompt,
+  projects it to `session/update`s, and ends with the prompt's reply.
+- `ReplayCursor` (`session/load`): replays the conversation up to the head
+  at load time, then the load's reply (`null`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from actors.messages import Block, TextBlock, UserSource
+from actors.session import Event, event_to_json
+from actors.session.events import TurnEnd, TurnStart, UserMessage
+from supervision.gateway.projection import live_updates, replay_updates, stop_reason
+from supervision.gateway.protocol import (
+    INTERNAL_ERROR,
+    JsonId,
+    RpcError,
+    dumps,
+    error_response,
+    notification,
+    response,
+)
+
+
+class Cursor(Protocol):
+    """What a follow task needs from a cursor."""
+
+    session_id: str
+    next_seq: int
+    finished: bool
+
+    def take(self, events: Sequence[Event], head: int) -> list[str]:
+        """Frames for `events` (from `next_seq` on, contiguous); advances `next_seq`.
+
+        `head` is the session's durable seq when the events were read.
+        """
+        ...
+
+
+@attrs.define(eq=False)
+class LogCursor:
+    """`_harness/log/event` for each durable event, in seq order, gap-free, once each."""
+
+    subscription: str
+    session_id: str
+    next_seq: int
+    types: frozenset[str] | None = None
+    caught_up: bool = False
+    finished: bool = False
+    delivered: int = 0
+
+    def take(self, events: Sequence[Event], head: int) -> list[str]:
+        """One `_harness/log/event` per matching event, then `caughtUp` once at the head."""
+        frames = []
+        for event in events:
+            self.next_seq = event.seq + 1
+            if self.types is not None and event.type not in self.types:
+                continue
+            frames.append(
+                dumps(
+                    notification(
+                        "_harness/log/event",
+                        {
+                            "subscription": self.subscription,
+                            "sessionId": self.session_id,
+                            "event": event_to_json(event),
+                        },
+                    )
+                )
+            )
+        self.delivered += len(frames)
+        if not self.caught_up and self.next_seq > head:
+            self.caught_up = True
+            frames.append(
+                dumps(
+                    notification(
+                        "_harness/log/caughtUp",
+                        {"subscription": self.subscription, "seq": self.next_seq - 1},
+                    )
+                )
+            )
+        return frames
+
+
+def _texts(blocks: Sequence[Block]) -> tuple[str, ...]:
+    return tuple(block.text for block in blocks if isinstance(block, TextBlock))
+
+
+@attrs.define(eq=False)
+class PromptCursor:
+    """The updates of the turn that took one prompt, then the prompt's reply.
+
+    The turn is the first one starting at or after `next_seq` whose first
+    user message (typed by a user) has the prompt's text and that no other
+    pending prompt has claimed (`claim(turn)` returns False when taken).
+    """
+
+    request_id: JsonId
+    session_id: str
+    next_seq: int
+    texts: tuple[str, ...]
+    claim: Callable[[int], bool]
+    on_done: Callable[[], None]
+    turn: int | None = None
+    finished: bool = False
+    cancelled: bool = False
+    _candidate: int | None = None
+
+    def take(self, events: Sequence[Event], head: int) -> list[str]:
+        """`session/update`s of the prompt's turn; the reply at its `turn/end`."""
+        frames: list[str] = []
+        for event in events:
+            self.next_seq = event.seq + 1
+            if self.finished:
+                break
+            data = event.data
+            if self.turn is None:
+                if isinstance(data, TurnStart):
+                    self._candidate = data.turn
+                elif (
+                    isinstance(data, UserMessage)
+                    and self._candidate is not None
+                    and isinstance(data.source, UserSource)
+                ):
+                    candidate, self._candidate = self._candidate, None
+                    if _texts(data.content) == self.texts and self.claim(candidate):
+                        self.turn = candidate
+                elif isinstance(data, TurnEnd):
+                    self._candidate = None
+                continue
+            if isinstance(data, TurnEnd) and data.turn == self.turn:
+                frames.append(self._reply(event, data))
+                break
+            for update in live_updates(event):
+                frames.append(
+                    dumps(
+                        notification(
+                            "session/update", {"sessionId": self.session_id, "update": update}
+                        )
+                    )
+                )
+        return frames
+
+    def cancel_if_waiting(self) -> list[str]:
+        """When the prompt has no turn yet: finish it as `cancelled` and return the reply frame."""
+        if self.turn is not None or self.finished:
+            return []
+        self.finished = True
+        self.on_done()
+        return [dumps(response(self.request_id, {"stopReason": "cancelled"}))]
+
+    def _reply(self, event: Event, end: TurnEnd) -> str:
+        self.finished = True
+        self.on_done()
+        reason = stop_reason(end.reason)
+        if reason is None:
+            error = end.reason.error
+            message = error.message if error is not None else end.reason.kind
+            turn_end: Any = event_to_json(event)["data"]["reason"]
+            failure = RpcError(
+                INTERNAL_ERROR,
+                f"session {self.session_id!r} turn {end.turn} failed: {message}",
+                {"turnEnd": turn_end},
+            )
+            return dumps(error_response(self.request_id, failure))
+        return dumps(
+            response(
+                self.request_id,
+                {"stopReason": reason, "_meta": {"harness": {"turn": end.turn}}},
+            )
+        )
+
+
+@attrs.define(eq=False)
+class ReplayCursor:
+    """`session/load`: the conversation up to `end_seq` as `session/update`s, then `null`."""
+
+    request_id: JsonId
+    session_id: str
+    next_seq: int
+    end_seq: int
+    on_done: Callable[[], None]
+    finished: bool = False
+
+    def take(self, events: Sequence[Event], head: int) -> list[str]:
+        """Replay updates for events up to `end_seq`; the reply after it."""
+        frames = []
+        for event in events:
+            if event.seq > self.end_seq:
+                break
+            self.next_seq = event.seq + 1
+            for update in replay_updates(event):
+                frames.append(
+                    dumps(
+                        notification(
+                            "session/update", {"sessionId": self.session_id, "update": update}
+                        )
+                    )
+                )
+        if self.next_seq > self.end_seq:
+            self.finished = True
+            self.on_done()
+            frames.append(dumps(response(self.request_id, None)))
+        return frames

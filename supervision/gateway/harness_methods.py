@@ -1,0 +1,320 @@
+"""The `_harness/*` supervisor methods: plain async handlers of (params, call).
+
+Everything is read through public runtime APIs. Log methods deliver the
+log events themselves (`session.to_json()` form), only once durable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from actors.prompt import PromptError
+from actors.session import Event, SessionError, event_to_json, rebuild_request
+from actors.session.events import RequestHeaderLogged
+from actors.session.session import system_clock_ms
+from supervision.gateway.acp_methods import require_session, user_message
+from supervision.gateway.connection import Call
+from supervision.gateway.cursors import LogCursor
+from supervision.gateway.messages import (
+    Empty,
+    HarnessCancelParams,
+    InspectParams,
+    LogReadParams,
+    LogSubscribeParams,
+    RebuildParams,
+    RestartParams,
+    SendParams,
+    SessionRef,
+    SessionsListParams,
+    SessionsWatchParams,
+    SubscriptionRef,
+)
+from supervision.gateway.protocol import (
+    ASSEMBLY_FAILED,
+    REBUILD_FAILED,
+    RpcError,
+    invalid_params,
+    not_found,
+    notification,
+)
+from supervision.gateway.sessions import AGENT_CHILD_PREFIX, open_position
+
+MAX_LIST_LIMIT = 500
+MAX_READ_LIMIT = 1000
+DEFAULT_READ_LIMIT = 100
+
+
+def _limit(value: int | None, default: int, maximum: int) -> int:
+    if value is None:
+        return default
+    if not 1 <= value <= maximum:
+        raise invalid_params(
+            "/limit", "out_of_range", f"limit {value} is outside 1..{maximum}", maximum=maximum
+        )
+    return value
+
+
+def _check_from_seq(session_id: str, from_seq: int, head: int) -> None:
+    if from_seq < 0 or from_seq > head + 1:
+        raise invalid_params(
+            "/fromSeq",
+            "seq_out_of_range",
+            f"session {session_id!r}: fromSeq {from_seq} is outside 0..{head + 1} (headSeq {head})",
+            headSeq=head,
+        )
+
+
+async def sessions_list(params: SessionsListParams, call: Call) -> dict[str, Any]:
+    """Visible sessions' summaries, filtered, in pages of at most 500."""
+    limit = _limit(params.limit, MAX_LIST_LIMIT, MAX_LIST_LIMIT)
+    directory = call.gateway.directory
+    wanted = params.filter
+    ids = [sid for sid in await directory.session_ids() if directory.visible(call.principal, sid)]
+    if wanted is not None and wanted.agent is not None:
+        ids = [sid for sid in ids if directory.agent_of(sid) == wanted.agent]
+    if wanted is not None and wanted.parent_session_id is not None:
+        ids = [sid for sid in ids if directory.parent_of(sid) == wanted.parent_session_id]
+    start = 0
+    if params.cursor is not None:
+        if not params.cursor.isdigit():
+            raise invalid_params(
+                "/cursor", "invalid_cursor", f"cursor {params.cursor!r} was not issued here"
+            )
+        start = int(params.cursor)
+    summaries: list[dict[str, Any]] = []
+    position = start
+    while position < len(ids) and len(summaries) < limit:
+        summary = await directory.summary(ids[position])
+        position += 1
+        if wanted is None or wanted.status is None or summary["status"] == wanted.status:
+            summaries.append(summary)
+    result: dict[str, Any] = {"sessions": summaries}
+    if position < len(ids):
+        result["nextCursor"] = str(position)
+    return result
+
+
+async def sessions_watch(params: SessionsWatchParams, call: Call) -> dict[str, Any]:
+    """Notify `_harness/sessions/changed` when sessions are added or removed."""
+    connection = call.connection
+    directory = call.gateway.directory
+    subscription = connection.new_subscription_id()
+
+    def changed(session_id: str, change: str) -> None:
+        if not directory.visible(call.principal, session_id):
+            return
+        session: dict[str, Any] = {"sessionId": session_id, "agent": directory.agent_of(session_id)}
+        connection.send_notification(
+            notification(
+                "_harness/sessions/changed",
+                {"subscription": subscription, "change": change, "session": session},
+            )
+        )
+
+    connection.on_close(directory.on_change(changed))
+    return {"subscription": subscription}
+
+
+async def log_subscribe(params: LogSubscribeParams, call: Call) -> dict[str, Any]:
+    """A cursor from `fromSeq` (inclusive; omitted = live only) over the durable log."""
+    await require_session(call, params.session_id)
+    head = await call.gateway.head_seq(params.session_id)
+    start = head + 1 if params.from_seq is None else params.from_seq
+    _check_from_seq(params.session_id, start, head)
+    connection = call.connection
+    subscription = connection.new_subscription_id()
+    cursor = LogCursor(
+        subscription=subscription,
+        session_id=params.session_id,
+        next_seq=start,
+        types=None if params.types is None else frozenset(params.types),
+    )
+    connection.subscriptions[subscription] = cursor
+    connection.subscription_stops[subscription] = connection.follow(cursor)
+    return {
+        "subscription": subscription,
+        "fromSeq": start,
+        "headSeq": head,
+        "epoch": call.gateway.epoch,
+    }
+
+
+async def log_unsubscribe(params: SubscriptionRef, call: Call) -> dict[str, Any]:
+    """Stop a subscription of this connection."""
+    connection = call.connection
+    if connection.subscriptions.pop(params.subscription, None) is None:
+        raise not_found(f"subscription {params.subscription!r}")
+    connection.subscription_stops.pop(params.subscription)()
+    return {}
+
+
+async def log_read(params: LogReadParams, call: Call) -> dict[str, Any]:
+    """A page of durable events from `fromSeq`."""
+    await require_session(call, params.session_id)
+    limit = _limit(params.limit, DEFAULT_READ_LIMIT, MAX_READ_LIMIT)
+    events = await call.gateway.directory.events(params.session_id)
+    head = len(events) - 1
+    _check_from_seq(params.session_id, params.from_seq, head)
+    page = events[params.from_seq : params.from_seq + limit]
+    return {
+        "events": [event_to_json(event) for event in page],
+        "nextSeq": params.from_seq + len(page),
+        "headSeq": head,
+    }
+
+
+async def session_state(params: SessionRef, call: Call) -> dict[str, Any]:
+    """Status, open turn/step, inbox depths, and the supervisor path and incarnation."""
+    await require_session(call, params.session_id)
+    directory = call.gateway.directory
+    child = directory.child(params.session_id)
+    agent = directory.live_agent(params.session_id)
+    events = await directory.events(params.session_id)
+    turn, step = open_position(events)
+    state: dict[str, Any] = {
+        "status": "stopped" if agent is None else agent.status,
+        "inbox": {"nextTurn": 0, "nextStep": 0},
+        "supervisor": {
+            "path": f"{call.gateway.runtime.name}/{AGENT_CHILD_PREFIX}{params.session_id}",
+            "incarnation": -1 if child is None else directory.incarnation(params.session_id),
+        },
+    }
+    if agent is not None:
+        inbox = agent.inbox.statistics()
+        state["inbox"] = {"nextTurn": inbox.next_turn, "nextStep": inbox.next_step}
+    if turn is not None:
+        state["turn"] = turn
+    if step is not None:
+        state["step"] = step
+    return state
+
+
+async def session_send(params: SendParams, call: Call) -> dict[str, Any]:
+    """`followup` / `steer` / `inject` without waiting for the turn."""
+    await require_session(call, params.session_id)
+    message = user_message(params.content, "content")
+    agent = await call.gateway.directory.attach(params.session_id)
+    if params.placement == "next_turn":
+        agent.followup(message)
+    elif params.placement == "next_step":
+        agent.steer(message)
+    else:
+        agent.inject(message)
+    return {"accepted": True, "placement": params.placement}
+
+
+async def session_cancel(params: HarnessCancelParams, call: Call) -> dict[str, Any]:
+    """Cancel the live turn (keeping queued input unless `keepInbox` is false)."""
+    await require_session(call, params.session_id)
+    agent = call.gateway.directory.live_agent(params.session_id)
+    if agent is None:
+        return {"cancelled": False}
+    running = agent.status == "running"
+    agent.cancel(keep_inbox=params.keep_inbox)
+    return {"cancelled": running}
+
+
+async def prompt_inspect(params: InspectParams, call: Call) -> dict[str, Any]:
+    """A dry run of the next step's assembly (nothing logged, no provider, no pre-step)."""
+    await require_session(call, params.session_id)
+    agent = call.gateway.directory.live_agent(params.session_id)
+    if agent is None:
+        raise RpcError(
+            ASSEMBLY_FAILED,
+            f"session {params.session_id!r} is not running; session/resume it to inspect",
+            {"reason": "not_running"},
+        )
+    try:
+        inspection = await agent.inspect_next_step()
+    except PromptError as exc:
+        raise RpcError(
+            ASSEMBLY_FAILED,
+            f"session {params.session_id!r}: assembly failed: {exc}",
+            {"reason": "assembly_failed"},
+        ) from exc
+    header_event = Event(
+        type="request/header",
+        seq=0,
+        time=0,
+        data=RequestHeaderLogged(header=inspection.header, reason="change"),
+    )
+    return {
+        "header": event_to_json(header_event)["data"]["header"],
+        "headerChanged": inspection.header_changed,
+        "sections": [
+            {
+                "name": s.name,
+                "order": s.order,
+                "scope": s.scope,
+                "shadows": list(s.shadows),
+                "complete": s.complete,
+                "bytes": s.bytes,
+                "sha256": s.sha256,
+            }
+            for s in inspection.sections
+        ],
+        "tools": [{"name": t.name, "scope": t.scope} for t in inspection.tools],
+        "contexts": [
+            {"name": c.name, "order": c.order, "scope": c.scope, "text": c.text}
+            for c in inspection.contexts
+        ],
+        "variables": dict(inspection.variables),
+    }
+
+
+async def request_rebuild(params: RebuildParams, call: Call) -> dict[str, Any]:
+    """The exact request of one attempt, rebuilt from the durable log, and its SHA-256."""
+    await require_session(call, params.session_id)
+    events = await call.gateway.directory.events(params.session_id)
+    try:
+        request = rebuild_request(list(events), params.turn, params.step, params.attempt).to_json()
+    except SessionError as exc:
+        raise RpcError(
+            REBUILD_FAILED,
+            f"session {params.session_id!r} turn {params.turn} step {params.step} "
+            f"attempt {params.attempt}: {exc}",
+            {"reason": "rebuild_failed"},
+        ) from exc
+    text = json.dumps(request, separators=(",", ":"), ensure_ascii=False)
+    return {"request": request, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+async def stats(params: Empty, call: Call) -> dict[str, Any]:
+    """Runtime, provider, cache, store, gateway and supervision figures."""
+    return await call.gateway.stats(call.principal)
+
+
+async def supervision_tree(params: Empty, call: Call) -> dict[str, Any]:
+    """The runtime's supervisor and its children."""
+    return {"tree": call.gateway.supervision_tree(call.principal)}
+
+
+async def supervision_restart(params: RestartParams, call: Call) -> dict[str, Any]:
+    """Restart the agent at `path` (`<runtime>/agent:<sessionId>`); subscribers get an event."""
+    gateway = call.gateway
+    prefix = f"{gateway.runtime.name}/{AGENT_CHILD_PREFIX}"
+    session_id = params.path[len(prefix) :] if params.path.startswith(prefix) else None
+    directory = gateway.directory
+    if (
+        session_id is None
+        or not directory.visible(call.principal, session_id)
+        or directory.child(session_id) is None
+    ):
+        raise not_found(f"supervision path {params.path!r}")
+    await directory.restart(session_id)
+    incarnation = directory.incarnation(session_id)
+    gateway.broadcast(
+        notification(
+            "_harness/supervision/event",
+            {
+                "path": params.path,
+                "kind": "restarted",
+                "reason": "admin",
+                "incarnation": incarnation,
+                "time": system_clock_ms(),
+            },
+        )
+    )
+    return {"path": params.path, "incarnation": incarnation}

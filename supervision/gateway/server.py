@@ -1,0 +1,416 @@
+"""The gateway: `open_gateway` / `serve_gateway`, one listener for `/acp`, `/healthz` and `/`.
+
+Each accepted TCP connection is handled in its own task of the gateway's
+nursery; whatever happens in it (a malformed request, a handler bug, a
+dropped socket) ends that connection only. Websocket upgrades on `/acp`
+are authenticated at the handshake (Origin → 403, token → 401) before they
+are accepted, then run as a `Connection` actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+import trio_websocket
+
+from actors.session import Event, SQLiteStore
+from supervision.gateway.auth import Denial, Principal, Token, authenticate
+from supervision.gateway.connection import CLOSE_GOING_AWAY, Connection
+from supervision.gateway.http import HttpFront, HttpRequest
+from supervision.gateway.methods import MethodTable
+from supervision.gateway.sessions import AgentProfile, SessionDirectory, summarise
+from supervision.gateway.transport import Transport, WebSocketTransport
+from supervision.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WRITE_DEADLINE_SECONDS = 10.0
+DEFAULT_MAX_INFLIGHT = 64
+DEFAULT_MAX_FRAME = 1024 * 1024
+MESSAGE_QUEUE_SIZE = 4
+"""trio-websocket's inbound queue: the reader hands requests to workers, so this stays small."""
+
+VERSION = "0.1.0"
+
+
+class GatewayError(Exception):
+    """The gateway could not start (the message names the host and port)."""
+
+
+@attrs.frozen(kw_only=True)
+class GatewayStatistics:
+    """A snapshot of the gateway."""
+
+    connections: int
+    subscriptions: int
+    slow_consumer_closes: int
+    frames_written: int
+
+
+@attrs.define(eq=False)
+class Gateway:
+    """The running gateway: its runtime, tokens, limits, connections and counters.
+
+    Get one from `open_gateway` or `serve_gateway`; `url` is the websocket URL.
+    """
+
+    runtime: Runtime
+    directory: SessionDirectory
+    tokens: tuple[Token, ...]
+    origins: tuple[str, ...]
+    host: str
+    port: int
+    write_deadline: float = DEFAULT_WRITE_DEADLINE_SECONDS
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
+    max_frame: int = DEFAULT_MAX_FRAME
+    static_dir: Path | None = None
+    cwd: str = attrs.field(factory=os.getcwd)
+    version: str = VERSION
+    epoch: str = attrs.field(factory=lambda: secrets.token_hex(8))
+    runtime_id: str = attrs.field(factory=lambda: secrets.token_hex(8))
+    methods: MethodTable = attrs.field(factory=MethodTable)
+    connections: set[Connection] = attrs.field(factory=set)
+    slow_consumer_closes: int = 0
+    _claims: dict[str, set[int]] = attrs.field(factory=dict)
+    _started: float = attrs.field(factory=trio.current_time)
+    _closed_frames: int = 0
+    _slow_consumer_closed: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def url(self) -> str:
+        """`ws://HOST:PORT/acp`."""
+        return f"ws://{self.host}:{self.port}/acp"
+
+    @property
+    def http_url(self) -> str:
+        """`http://HOST:PORT/` (the dashboard)."""
+        return f"http://{self.host}:{self.port}/"
+
+    def statistics(self) -> GatewayStatistics:
+        """Connections, subscriptions, slow-consumer closes, frames written."""
+        return GatewayStatistics(
+            connections=len(self.connections),
+            subscriptions=sum(len(c.subscriptions) for c in self.connections),
+            slow_consumer_closes=self.slow_consumer_closes,
+            frames_written=self._closed_frames + sum(c.frames_written for c in self.connections),
+        )
+
+    def limits(self) -> dict[str, Any]:
+        """The limits advertised in `initialize`."""
+        return {
+            "maxFrame": self.max_frame,
+            "maxInflight": self.max_inflight,
+            "maxBatch": 32,
+            "writeDeadlineMs": int(self.write_deadline * 1000),
+        }
+
+    def count_slow_consumer(self) -> None:
+        """Count one connection closed (4008) for not keeping up."""
+        self.slow_consumer_closes += 1
+        self._slow_consumer_closed.set()
+        self._slow_consumer_closed = trio.Event()
+
+    async def wait_slow_consumer_closes(self, count: int) -> None:
+        """Return once at least `count` connections were closed as slow consumers.
+
+        Cancellation: cancellable; nothing is affected.
+        """
+        while self.slow_consumer_closes < count:
+            await self._slow_consumer_closed.wait()
+        await trio.lowlevel.checkpoint()
+
+    # -- prompts' turns ----------------------------------------------------------
+
+    def claim_turn(self, session_id: str, turn: int) -> bool:
+        """Claim `turn` of `session_id` for one pending prompt; False if another holds it."""
+        claimed = self._claims.setdefault(session_id, set())
+        if turn in claimed:
+            return False
+        claimed.add(turn)
+        return True
+
+    def release_turn(self, session_id: str, turn: int) -> None:
+        """Drop a claim once its prompt was answered."""
+        claimed = self._claims.get(session_id)
+        if claimed is not None:
+            claimed.discard(turn)
+            if not claimed:
+                del self._claims[session_id]
+
+    # -- the log ----------------------------------------------------------------
+
+    async def head_seq(self, session_id: str) -> int:
+        """The newest durable seq of the session (-1 for an empty log)."""
+        session = self.directory.live_session(session_id)
+        if session is not None:
+            return session.durable_seq
+        return len(await self.runtime.store.load(session_id)) - 1
+
+    async def read_durable(
+        self, session_id: str, from_seq: int, limit: int
+    ) -> tuple[Sequence[Event], int]:
+        """Wait until `from_seq` is durable; return up to `limit` events from it, and the head.
+
+        Waits on the store's durability mark (woken by its commit), so it
+        follows a session across agent restarts; reads from the live log,
+        else from the store.
+
+        Raises:
+            SessionError: the store failed to commit the session's events.
+        """
+        store = self.runtime.store
+        await store.wait_durable(session_id, from_seq)
+        session = self.directory.live_session(session_id)
+        if session is not None and len(session) > from_seq:
+            await session.wait_durable(from_seq)
+            return session.durable_events(from_seq, limit), session.durable_seq
+        events = await store.load(session_id)
+        return tuple(events[from_seq : from_seq + limit]), len(events) - 1
+
+    # -- runtime views -------------------------------------------------------------
+
+    async def stats(self, principal: Principal) -> dict[str, Any]:
+        """`_harness/stats`: built from the runtime's and gateway's `statistics()`."""
+        live = [
+            agent
+            for sid in await self.directory.session_ids()
+            if self.directory.visible(principal, sid)
+            and (agent := self.directory.live_agent(sid)) is not None
+        ]
+        running = sum(1 for agent in live if agent.status == "running")
+        providers = []
+        for name, provider in self.runtime.providers.items():
+            mine = [a for a in live if a.options.provider_name == name]
+            inflight = 0
+            statistics = getattr(provider, "statistics", None)
+            if callable(statistics):
+                inflight = int(getattr(statistics(), "in_flight", 0))
+            providers.append(
+                {
+                    "name": name,
+                    "inflight": inflight,
+                    "requests": sum(a.statistics().loop.requests for a in mine),
+                    "retries": sum(a.statistics().loop.retries for a in mine),
+                    "failuresByCode": {},
+                    "latencyMs": {"p50": None, "p99": None},
+                }
+            )
+        input_tokens = cache_read = 0
+        for agent in live:
+            usage = summarise(
+                agent.session.id, agent.session.durable_events(0), status="", agent="", parent=None
+            )["usage"]
+            input_tokens += usage["inputTokens"]
+            cache_read += usage["cacheReadTokens"]
+        store = self.runtime.store
+        commits = store.statistics().commits if isinstance(store, SQLiteStore) else 0
+        gateway = self.statistics()
+        return {
+            "uptimeS": trio.current_time() - self._started,
+            "epoch": self.epoch,
+            "sessions": {"live": len(live), "running": running, "idle": len(live) - running},
+            "providers": providers,
+            "cache": {
+                "inputTokens": input_tokens,
+                "cacheReadTokens": cache_read,
+                "hitRatio": cache_read / input_tokens if input_tokens else 0.0,
+            },
+            "store": {"commits": commits, "commitP99Ms": None},
+            "gateway": {
+                "connections": gateway.connections,
+                "subscriptions": gateway.subscriptions,
+                "slowConsumerCloses": gateway.slow_consumer_closes,
+            },
+            "supervision": {"restarts": self.runtime.supervisor.statistics().restarts},
+        }
+
+    def supervision_tree(self, principal: Principal) -> dict[str, Any]:
+        """The root supervisor and its (visible) agent children."""
+        supervisor = self.runtime.supervisor
+        statistics = supervisor.statistics()
+        children: list[dict[str, Any]] = []
+        for child in supervisor.children():
+            sid = child.id.removeprefix("agent:")
+            if child.id.startswith("agent:") and not self.directory.visible(principal, sid):
+                continue
+            children.append(
+                {
+                    "path": f"{self.runtime.name}/{child.id}",
+                    "strategy": None,
+                    "children": [],
+                    "restarts": child.restarts,
+                    "incarnation": self.directory.incarnation(sid),
+                    "status": child.state,
+                }
+            )
+        return {
+            "path": self.runtime.name,
+            "strategy": statistics.strategy,
+            "children": children,
+            "restarts": statistics.restarts,
+            "incarnation": 0,
+            "status": "running" if statistics.running else "stopped",
+        }
+
+    def broadcast(self, message: Mapping[str, Any]) -> None:
+        """Send a notification to every connection (on its control lane)."""
+        for connection in list(self.connections):
+            connection.send_notification(message)
+
+    # -- connections -------------------------------------------------------------
+
+    async def run_connection(self, transport: Transport, principal: Principal) -> int:
+        """Run one connection actor to its end; returns its close code."""
+        connection = Connection(
+            gateway=self,
+            transport=transport,
+            principal=principal,
+            write_deadline=self.write_deadline,
+            max_inflight=self.max_inflight,
+            max_frame=self.max_frame,
+        )
+        self.connections.add(connection)
+        try:
+            return await connection.run()
+        finally:
+            self.connections.discard(connection)
+            self._closed_frames += connection.frames_written
+
+    async def handle_websocket(self, request: HttpRequest, stream: trio.abc.Stream) -> None:
+        """Authenticate the handshake, then accept it and run the connection."""
+        async with trio.open_nursery() as nursery:
+            ws_request = await trio_websocket.wrap_server_stream(
+                nursery,
+                stream,
+                message_queue_size=MESSAGE_QUEUE_SIZE,
+                max_message_size=self.max_frame,
+            )
+            verdict = authenticate(
+                ws_request.headers, ws_request.proposed_subprotocols, self.tokens, self.origins
+            )
+            if isinstance(verdict, Denial):
+                await ws_request.reject(
+                    verdict.status,
+                    extra_headers=[(b"content-type", b"text/plain")],
+                    body=(verdict.reason + "\n").encode(),
+                )
+            else:
+                websocket = await ws_request.accept(subprotocol=verdict.subprotocol)
+                await self.run_connection(
+                    WebSocketTransport(connection=websocket, stream=stream),
+                    Principal(token=verdict.token),
+                )
+            nursery.cancel_scope.cancel()
+
+    def shut_down_connections(self) -> None:
+        """Close every connection with 1001 (the server is going away)."""
+        for connection in list(self.connections):
+            connection.close(CLOSE_GOING_AWAY, "server shutting down")
+
+
+async def serve_gateway(
+    runtime: Runtime,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8700,
+    tokens: Iterable[Token],
+    profiles: Mapping[str, AgentProfile],
+    origins: Iterable[str] | None = None,
+    write_deadline: float = DEFAULT_WRITE_DEADLINE_SECONDS,
+    max_inflight: int = DEFAULT_MAX_INFLIGHT,
+    static_dir: Path | None = None,
+    task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the gateway until cancelled; `task_status.started(gateway)` once it listens.
+
+    `origins=None` allows the gateway's own origin (`http://HOST:PORT`).
+    Cancellation closes every connection with 1001 (aborting those that
+    cannot take a close frame within a second), then stops listening.
+
+    Raises:
+        GatewayError: the address cannot be bound.
+    """
+    token_list = tuple(tokens)
+    if not token_list:
+        raise GatewayError("the gateway needs at least one token")
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise GatewayError(f"cannot listen on {host}:{port}: {exc}") from exc
+    bound = listeners[0].socket.getsockname()[1]
+    gateway = Gateway(
+        runtime=runtime,
+        directory=SessionDirectory(runtime=runtime, profiles=dict(profiles)),
+        tokens=token_list,
+        origins=tuple(origins) if origins is not None else (f"http://{host}:{bound}",),
+        host=host,
+        port=bound,
+        write_deadline=write_deadline,
+        max_inflight=max_inflight,
+        static_dir=static_dir,
+    )
+    front = HttpFront(websocket=gateway.handle_websocket, ws_url=gateway.url, static_dir=static_dir)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            await front.handle(stream)
+        except Exception:
+            # One connection's failure never reaches the listener.
+            log.exception("gateway connection failed")
+
+    async with trio.open_nursery() as nursery:
+        try:
+            await nursery.start(trio.serve_listeners, handle, listeners)
+            task_status.started(gateway)
+            await trio.sleep_forever()
+        finally:
+            gateway.shut_down_connections()
+
+
+@asynccontextmanager
+async def open_gateway(
+    runtime: Runtime,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tokens: Iterable[Token],
+    profiles: Mapping[str, AgentProfile],
+    origins: Iterable[str] | None = None,
+    write_deadline: float = DEFAULT_WRITE_DEADLINE_SECONDS,
+    max_inflight: int = DEFAULT_MAX_INFLIGHT,
+    static_dir: Path | None = None,
+) -> AsyncIterator[Gateway]:
+    """Serve the gateway for the body of the context; yields it once it listens.
+
+    Leaving the context closes every connection with 1001 and stops listening.
+
+    Raises:
+        GatewayError: the address cannot be bound.
+    """
+    async with trio.open_nursery() as nursery:
+        gateway: Gateway = await nursery.start(
+            lambda task_status: serve_gateway(
+                runtime,
+                host=host,
+                port=port,
+                tokens=tokens,
+                profiles=profiles,
+                origins=origins,
+                write_deadline=write_deadline,
+                max_inflight=max_inflight,
+                static_dir=static_dir,
+                task_status=task_status,
+            )
+        )
+        try:
+            yield gateway
+        finally:
+            nursery.cancel_scope.cancel()

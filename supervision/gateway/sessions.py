@@ -1,0 +1,350 @@
+"""The sessions the gateway can reach: live agents under the runtime's supervisor, and stored logs.
+
+`SessionDirectory` starts agents of named `AgentProfile`s (`session/new`),
+attaches to stored sessions (`session/load`, `session/resume`), closes them,
+lists them, summarises them, and decides which sessions a principal may
+see (the token's session filter). It reads the runtime through public APIs
+only: `Runtime.start_agent`, the supervisor's children, the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from actors.agent import Agent, AgentOptions, Tool
+from actors.session import Event, Session, SessionError, UnknownSessionError
+from actors.session.events import AssistantMessage, StepEnd, StepStart, TurnEnd, TurnStart
+from supervision.gateway.auth import Principal, Token
+from supervision.runtime import Runtime
+from supervision.subagents import SubagentProvider
+from supervision.supervisor import Child, SupervisionError, UnknownChildError
+
+AGENT_CHILD_PREFIX = "agent:"
+"""The supervisor child id of a session's agent is this prefix plus the session id."""
+
+
+def _tools(tools: Iterable[Tool]) -> tuple[Tool, ...]:
+    return tuple(tools)
+
+
+@attrs.frozen(kw_only=True)
+class AgentProfile:
+    """What `session/new` starts: model options, tools, and an optional per-agent setup.
+
+    `subagents` are the delegation tools the agent gets; `child_setup` runs
+    in each of its subagents before their first step.
+    """
+
+    options: AgentOptions
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tools)
+    setup: Callable[[Agent], None] | None = None
+    subagents: tuple[SubagentProvider, ...] = ()
+    child_setup: Callable[[Agent], None] | None = None
+
+
+@attrs.define(eq=False)
+class _Known:
+    """What the gateway remembers of a session it started or attached."""
+
+    agent: str
+    created_at: int
+    parent: str | None = None
+    owner: Token | None = None
+
+
+@attrs.define(eq=False)
+class SessionDirectory:
+    """The gateway's view of the runtime's sessions (see the module docstring)."""
+
+    runtime: Runtime
+    profiles: dict[str, AgentProfile]
+    _known: dict[str, _Known] = attrs.field(factory=dict, init=False)
+    _children: dict[str, Child[Agent]] = attrs.field(factory=dict, init=False)
+    _restarts: dict[str, int] = attrs.field(factory=dict, init=False)
+    _starting: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
+    _listeners: list[Callable[[str, str], None]] = attrs.field(factory=list, init=False)
+
+    # -- lookup -------------------------------------------------------------
+
+    def child(self, session_id: str) -> Child[Agent] | None:
+        """The supervisor child running `session_id`, if any (running or restarting)."""
+        child = self._children.get(session_id)
+        if child is None:
+            try:
+                child = self.runtime.supervisor.child(AGENT_CHILD_PREFIX + session_id)
+            except UnknownChildError:
+                return None
+        if child.state == "stopped":
+            self._children.pop(session_id, None)
+            return None
+        self._children[session_id] = child
+        return child
+
+    def live_agent(self, session_id: str) -> Agent | None:
+        """The running agent of `session_id`, or None when it is not running."""
+        child = self.child(session_id)
+        if child is None or child.state != "running":
+            return None
+        return child.value
+
+    def live_session(self, session_id: str) -> Session | None:
+        """The live `Session` of `session_id`, or None."""
+        agent = self.live_agent(session_id)
+        return None if agent is None else agent.session
+
+    async def exists(self, session_id: str) -> bool:
+        """True when the session runs or is stored."""
+        if self.child(session_id) is not None:
+            return True
+        try:
+            return await self.runtime.store.exists(session_id)
+        except SessionError:
+            return False
+
+    async def session_ids(self) -> list[str]:
+        """Every stored or live session id, stored ones in creation order."""
+        stored = await self.runtime.store.list_sessions()
+        seen = set(stored)
+        live = [
+            child.id[len(AGENT_CHILD_PREFIX) :]
+            for child in self.runtime.supervisor.children()
+            if child.id.startswith(AGENT_CHILD_PREFIX)
+        ]
+        return stored + [sid for sid in live if sid not in seen]
+
+    async def events(self, session_id: str) -> Sequence[Event]:
+        """The durable events of `session_id`: from the live log, else loaded from the store."""
+        session = self.live_session(session_id)
+        if session is not None:
+            return session.durable_events(0)
+        return await self.runtime.store.load(session_id)
+
+    def agent_of(self, session_id: str) -> str:
+        """The profile name the session runs (or last ran) under."""
+        known = self._known.get(session_id)
+        return "default" if known is None else known.agent
+
+    def parent_of(self, session_id: str) -> str | None:
+        """The parent session id, for sessions the gateway knows to be subagents."""
+        known = self._known.get(session_id)
+        return None if known is None else known.parent
+
+    # -- authorization --------------------------------------------------------
+
+    def visible(self, principal: Principal, session_id: str) -> bool:
+        """True when the principal's session filter covers `session_id`."""
+        sessions = principal.token.sessions
+        if sessions == "*":
+            return True
+        if sessions == "own":
+            current: str | None = session_id
+            while current is not None:
+                known = self._known.get(current)
+                if known is not None and known.owner == principal.token:
+                    return True
+                current = None if known is None else known.parent
+            return False
+        return session_id in sessions
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def on_change(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
+        """Call `listener(session_id, change)` on "added" and "removed"; returns an unsubscribe."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def profile(self, name: str) -> AgentProfile:
+        """The profile `name`. Raises `KeyError` naming the known ones."""
+        try:
+            return self.profiles[name]
+        except KeyError:
+            raise KeyError(
+                f"unknown agent profile {name!r}; configured: {sorted(self.profiles)}"
+            ) from None
+
+    async def create(
+        self,
+        *,
+        profile: str,
+        owner: Token | None,
+        session_id: str | None = None,
+        parent: str | None = None,
+    ) -> Agent:
+        """Start a new session's agent of `profile` under the runtime's supervisor.
+
+        Raises:
+            KeyError: no such profile.
+            SupervisionError: the agent could not start.
+        """
+        chosen = self.profile(profile)
+        child = await self.runtime.start_agent(
+            options=chosen.options,
+            tools=chosen.tools,
+            session_id=session_id,
+            setup=chosen.setup,
+            subagents=chosen.subagents,
+            child_setup=chosen.child_setup,
+            restart="transient",
+        )
+        agent = child.value
+        self._children[agent.session.id] = child
+        self._known[agent.session.id] = _Known(
+            agent=profile, created_at=agent.session.clock(), parent=parent, owner=owner
+        )
+        self._notify(agent.session.id, "added")
+        return agent
+
+    def adopt(self, session_id: str, *, agent: str, parent: str, created_at: int) -> None:
+        """Record a subagent session that `parent`'s agent started, and announce it ("added").
+
+        It is listed with `parentSessionId` and seen by every token that sees its parent.
+        """
+        self._known[session_id] = _Known(agent=agent, created_at=created_at, parent=parent)
+        self._notify(session_id, "added")
+
+    async def attach(self, session_id: str) -> Agent:
+        """The running agent of a stored session, starting it (its profile, else default) if needed.
+
+        Concurrent attaches of one session start it once.
+
+        Raises:
+            UnknownSessionError: the store has no such session.
+            SupervisionError: the agent could not start.
+        """
+        while True:
+            agent = self.live_agent(session_id)
+            if agent is not None:
+                return agent
+            child = self.child(session_id)
+            if child is not None:
+                return await child.wait_running(incarnation=child.incarnation)
+            starting = self._starting.get(session_id)
+            if starting is None:
+                break
+            await starting.wait()
+        if not await self.runtime.store.exists(session_id):
+            raise UnknownSessionError(f"session {session_id!r} is not stored")
+        done = self._starting[session_id] = trio.Event()
+        try:
+            name = self.agent_of(session_id)
+            chosen = self.profile(name if name in self.profiles else "default")
+            child = await self.runtime.start_agent(
+                options=chosen.options,
+                tools=chosen.tools,
+                session_id=session_id,
+                setup=chosen.setup,
+                subagents=chosen.subagents,
+                child_setup=chosen.child_setup,
+                restart="transient",
+            )
+            self._children[session_id] = child
+            self._known.setdefault(
+                session_id, _Known(agent=name, created_at=child.value.session.clock())
+            )
+            return child.value
+        finally:
+            del self._starting[session_id]
+            done.set()
+
+    async def close(self, session_id: str) -> bool:
+        """Stop the session's agent (its log stays); False when it was not running."""
+        child = self.child(session_id)
+        if child is None:
+            return False
+        try:
+            await self.runtime.supervisor.terminate_child(child.id)
+        except SupervisionError:
+            return False
+        self._notify(session_id, "removed")
+        return True
+
+    async def restart(self, session_id: str) -> Agent:
+        """Stop the session's agent and start it again over its log (a new incarnation)."""
+        await self.close(session_id)
+        agent = await self.attach(session_id)
+        self._restarts[session_id] = self._restarts.get(session_id, 0) + 1
+        return agent
+
+    def incarnation(self, session_id: str) -> int:
+        """How many times the session's agent was restarted (by its supervisor or the gateway)."""
+        child = self.child(session_id)
+        own = 0 if child is None else child.incarnation
+        return self._restarts.get(session_id, 0) + own
+
+    def _notify(self, session_id: str, change: str) -> None:
+        for listener in list(self._listeners):
+            listener(session_id, change)
+
+    # -- summaries ----------------------------------------------------------------
+
+    async def summary(self, session_id: str) -> dict[str, Any]:
+        """The `SessionSummary` of `session_id` (camelCase, as on the wire)."""
+        agent = self.live_agent(session_id)
+        if agent is not None:
+            events: Sequence[Event] = agent.session.durable_events(0)
+            status: str = agent.status
+        else:
+            try:
+                events = await self.runtime.store.load(session_id)
+            except UnknownSessionError:
+                if self.child(session_id) is None:
+                    raise
+                events = ()  # its agent is starting and has not stored the session yet
+            status = "starting" if self.child(session_id) is not None else "stopped"
+        return summarise(
+            session_id,
+            events,
+            status=status,
+            agent=self.agent_of(session_id),
+            parent=self.parent_of(session_id),
+        )
+
+
+def summarise(
+    session_id: str, events: Sequence[Event], *, status: str, agent: str, parent: str | None
+) -> dict[str, Any]:
+    """A `SessionSummary` from durable events: head seq, turn, times and summed usage."""
+    usage = {"inputTokens": 0, "outputTokens": 0, "cacheReadTokens": 0}
+    turn = -1
+    for event in events:
+        data = event.data
+        if isinstance(data, AssistantMessage) and data.usage is not None:
+            usage["inputTokens"] += data.usage.input_tokens
+            usage["outputTokens"] += data.usage.output_tokens
+            usage["cacheReadTokens"] += data.usage.cache_read_tokens
+        elif isinstance(data, TurnStart):
+            turn = data.turn
+    summary: dict[str, Any] = {
+        "sessionId": session_id,
+        "agent": agent,
+        "status": status,
+        "createdAt": events[0].time if events else 0,
+        "updatedAt": events[-1].time if events else 0,
+        "headSeq": len(events) - 1,
+        "turn": turn,
+        "usage": usage,
+    }
+    if parent is not None:
+        summary["parentSessionId"] = parent
+    return summary
+
+
+def open_position(events: Sequence[Event]) -> tuple[int | None, int | None]:
+    """The open turn and open step at the end of `events` (None where none is open)."""
+    turn: int | None = None
+    step: int | None = None
+    for event in events:
+        data = event.data
+        if isinstance(data, TurnStart):
+            turn, step = data.turn, None
+        elif isinstance(data, TurnEnd):
+            turn, step = None, None
+        elif isinstance(data, StepStart):
+            step = data.step
+        elif isinstance(data, StepEnd):
+            step = None
+    return turn, step

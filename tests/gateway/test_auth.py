@@ -1,0 +1,129 @@
+"""Auth at the handshake, scopes per request, session filters that leak nothing."""
+
+from __future__ import annotations
+
+import trio
+
+from supervision.gateway import Gateway, Token
+from supervision.gateway.auth import bearer_subprotocol, match_token
+from tests.gateway.helpers import ALL, SECRET, connect, running_gateway
+
+OBSERVER = Token(secret="observer-secret", scopes=["observe"], name="observer")
+OWNER = Token(secret="owner-secret", scopes=["observe", "control"], sessions="own", name="owner")
+TOKENS = (ALL, OBSERVER, OWNER)
+
+
+async def _rejected(gateway: Gateway, headers: list[tuple[str, str]], path: str = "/acp") -> int:
+    """Send a websocket upgrade by hand; return the HTTP status that refused it."""
+    lines = [
+        f"GET {path} HTTP/1.1",
+        f"Host: {gateway.host}:{gateway.port}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version: 13",
+        *(f"{name}: {value}" for name, value in headers),
+    ]
+    async with await trio.open_tcp_stream(gateway.host, gateway.port) as stream:
+        await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode())
+        answer = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some():
+                answer += chunk
+    for token in TOKENS:
+        assert token.secret.encode() not in answer and token.name.encode() not in answer
+    return int(answer.split(b" ", 2)[1])
+
+
+async def test_no_token_is_refused_with_401() -> None:
+    async with running_gateway(tokens=TOKENS) as gateway:
+        assert await _rejected(gateway, []) == 401
+
+
+async def test_a_wrong_token_is_refused_with_401() -> None:
+    async with running_gateway(tokens=TOKENS) as gateway:
+        assert await _rejected(gateway, [("Authorization", "Bearer nope")]) == 401
+
+
+async def test_a_token_in_the_query_string_is_not_accepted() -> None:
+    async with running_gateway(tokens=TOKENS) as gateway:
+        assert await _rejected(gateway, [], path=f"/acp?token={SECRET}") == 401
+        assert await _rejected(gateway, [], path=f"/acp?access_token={SECRET}") == 401
+
+
+async def test_a_foreign_origin_is_refused_with_403_even_with_a_valid_token() -> None:
+    async with running_gateway(tokens=TOKENS) as gateway:
+        headers = [("Authorization", f"Bearer {SECRET}"), ("Origin", "http://evil.example")]
+        assert await _rejected(gateway, headers) == 403
+
+
+async def test_the_gateways_own_origin_is_allowed() -> None:
+    async with running_gateway(tokens=TOKENS) as gateway:
+        origin = f"http://{gateway.host}:{gateway.port}"
+        headers = [("Authorization", f"Bearer {SECRET}"), ("Origin", origin)]
+        async with connect(gateway, headers=headers) as client:
+            assert (await client.call("_harness/stats", {}))["epoch"] == gateway.epoch
+
+
+async def test_a_browser_authenticates_with_the_bearer_subprotocol() -> None:
+    async with running_gateway(tokens=TOKENS) as gateway:
+        offered = ["harness.v1", bearer_subprotocol(SECRET)]
+        async with connect(gateway, headers=[], subprotocols=offered) as client:
+            assert client.ws.subprotocol == "harness.v1"
+
+
+async def test_a_missing_scope_is_forbidden() -> None:
+    async with running_gateway(tokens=TOKENS) as gateway:
+        headers = [("Authorization", f"Bearer {OBSERVER.secret}")]
+        async with connect(gateway, headers=headers) as client:
+            answer = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+            assert answer["error"]["code"] == -33001
+            assert answer["error"]["data"]["required"] == "control"
+            assert "control" in answer["error"]["message"]
+            # observe methods work
+            await client.call("_harness/sessions/list", {})
+
+
+async def test_a_session_outside_the_filter_is_answered_as_not_found() -> None:
+    async with running_gateway(tokens=TOKENS) as gateway:
+        with trio.fail_after(10):
+            async with connect(gateway) as admin:
+                theirs = (await admin.call("session/new", {"cwd": "/", "mcpServers": []}))[
+                    "sessionId"
+                ]
+            headers = [("Authorization", f"Bearer {OWNER.secret}")]
+            async with connect(gateway, headers=headers) as owner:
+                mine = (await owner.call("session/new", {"cwd": "/", "mcpServers": []}))[
+                    "sessionId"
+                ]
+                listed = await owner.call("_harness/sessions/list", {})
+                assert [s["sessionId"] for s in listed["sessions"]] == [mine]
+                foreign = await owner.request("_harness/session/state", {"sessionId": theirs})
+                missing = await owner.request("_harness/session/state", {"sessionId": "nope"})
+                assert foreign["error"]["code"] == missing["error"]["code"] == -32002
+                assert theirs not in str(foreign["error"]).replace(theirs, "", 1)
+                for method in ("_harness/log/subscribe", "_harness/log/read"):
+                    params = {"sessionId": theirs, "fromSeq": 0}
+                    assert (await owner.request(method, params))["error"]["code"] == -32002
+                answer = await owner.request(
+                    "session/prompt",
+                    {"sessionId": theirs, "prompt": [{"type": "text", "text": "hi"}]},
+                )
+                assert answer["error"]["code"] == -32002
+                assert (await owner.call("_harness/session/state", {"sessionId": mine}))[
+                    "status"
+                ] == "idle"
+
+
+async def test_requests_before_initialize_are_refused() -> None:
+    async with running_gateway(tokens=TOKENS) as gateway, connect(gateway, initialize=False) as c:
+        answer = await c.request("_harness/stats", {})
+        assert answer["error"]["code"] == -32600
+        assert "initialize" in answer["error"]["message"]
+
+
+def test_token_matching_compares_every_token() -> None:
+    assert match_token(SECRET, TOKENS) is ALL
+    assert match_token("owner-secret", TOKENS) is OWNER
+    assert match_token("owner-secre", TOKENS) is None
+    assert match_token("", TOKENS) is None

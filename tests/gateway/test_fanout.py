@@ -1,0 +1,134 @@
+"""Fan-out: 50 supervisors on 200 running sessions, one stalled reader closed with 4008."""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+from contextlib import AsyncExitStack
+from typing import Any
+
+import trio
+import trio_websocket
+
+from actors.agent import Agent
+from actors.providers.simulator import SimulatorConfig
+from actors.session.events import StepEnd, StepStart
+from supervision.gateway import Gateway
+from tests.gateway.helpers import AUTH, RpcClient, connect, running_gateway
+
+SESSIONS = 200
+SUPERVISORS = 50
+PER_SUPERVISOR = 20
+TURNS = 1
+
+
+def _step_latencies_ms(agents: list[Agent], since: list[int] | None = None) -> list[int]:
+    """Wall-clock ms from each `step/start` to its `step/end` (from seq `since[i]` of agent i)."""
+    latencies = []
+    for index, agent in enumerate(agents):
+        started: dict[tuple[int, int], int] = {}
+        for event in agent.session.events[since[index] if since else 0 :]:
+            if isinstance(event.data, StepStart):
+                started[(event.data.turn, event.data.step)] = event.time
+            elif isinstance(event.data, StepEnd):
+                key = (event.data.turn, event.data.step)
+                latencies.append(event.time - started[key])
+    return latencies
+
+
+async def _run_turns(agents: list[Agent], text: str) -> None:
+    for agent in agents:
+        for turn in range(TURNS):
+            agent.followup(f"{text} {turn}")
+    for agent in agents:
+        await agent.when_idle()
+    for agent in agents:
+        await agent.session.flush()
+
+
+async def _small_window_stream(gateway: Gateway) -> trio.SocketStream:
+    """A TCP stream with a tiny receive buffer, so a client that stops reading stalls the server."""
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((gateway.host, gateway.port))
+    return trio.SocketStream(sock)
+
+
+async def test_fifty_supervisors_get_everything_and_a_stalled_reader_is_closed_4008() -> None:
+    config = SimulatorConfig(reply_tokens=6)
+    async with running_gateway(config=config, write_deadline=1.0) as gateway:
+        with trio.fail_after(120):
+            agents = [
+                await gateway.directory.create(profile="default", owner=None)
+                for _ in range(SESSIONS)
+            ]
+            ids = [agent.session.id for agent in agents]
+            async with AsyncExitStack() as stack:
+                clients: list[RpcClient] = []
+                plans: list[list[str]] = []
+                for index in range(SUPERVISORS):
+                    client = await stack.enter_async_context(connect(gateway))
+                    plan = [ids[(index * PER_SUPERVISOR + j) % SESSIONS] for j in range(20)]
+                    for sid in plan:
+                        await client.call(
+                            "_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0}
+                        )
+                    clients.append(client)
+                    plans.append(plan)
+
+                await _run_turns(agents, "warm-up")
+                baseline = _step_latencies_ms(agents)
+
+                async with trio.open_nursery() as nursery:
+                    stream = await _small_window_stream(gateway)
+                    ws = await trio_websocket.wrap_client_stream(
+                        nursery,
+                        stream,
+                        gateway.host,
+                        "/acp",
+                        extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
+                        message_queue_size=1,
+                    )
+                    stalled = RpcClient(ws=ws)
+                    pump = trio.CancelScope()
+
+                    async def read_until_stalled() -> None:
+                        with pump:
+                            await stalled.pump()
+
+                    nursery.start_soon(read_until_stalled)
+                    await stalled.call("initialize", {"protocolVersion": 1})
+                    for sid in ids:
+                        await stalled.call(
+                            "_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0}
+                        )
+                    pump.cancel()  # from now on nothing is read: the socket fills up
+                    before = [len(agent.session) for agent in agents]
+                    await _run_turns(agents, "with a stalled reader")
+                    with_stalled = _step_latencies_ms(agents, before)
+                    await gateway.wait_slow_consumer_closes(1)
+                    nursery.cancel_scope.cancel()
+                await trio.aclose_forcefully(stream)
+
+                for client, plan in zip(clients, plans, strict=True):
+                    expected = {sid: [json.dumps(e) for e in _log(gateway, sid)] for sid in plan}
+                    await client.wait_for_log_events(sum(len(v) for v in expected.values()))
+                    for sid in plan:
+                        got = [json.dumps(e) for e in client.log_events[sid]]
+                        assert got == expected[sid], f"subscriber missed events of {sid}"
+                assert gateway.statistics().slow_consumer_closes == 1
+                assert gateway.statistics().connections == SUPERVISORS
+        for agent in agents:
+            assert agent.status == "idle"
+        print(
+            f"\nstep latency ms (mean/max): without stalled reader "
+            f"{statistics.mean(baseline):.2f}/{max(baseline)}, with "
+            f"{statistics.mean(with_stalled):.2f}/{max(with_stalled)}"
+        )
+
+
+def _log(gateway: Gateway, session_id: str) -> list[dict[str, Any]]:
+    session = gateway.directory.live_session(session_id)
+    assert session is not None
+    return session.to_json()

@@ -1,0 +1,77 @@
+"""Resume: a socket killed mid-turn, resubscribed from last + 1, loses and repeats nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import trio
+import trio_websocket
+
+from actors.providers.simulator import SimulatorConfig
+from tests.gateway.helpers import AUTH, RpcClient, connect, running_gateway
+
+
+async def test_resubscribing_from_last_plus_one_after_a_kill_yields_the_log_exactly() -> None:
+    config = SimulatorConfig(reply_tokens=120, token_rate=200.0)
+    async with running_gateway(config=config) as gateway, connect(gateway) as control:
+        with trio.fail_after(30):
+            sid = (await control.call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"]
+            received: list[dict[str, Any]] = []
+            async with trio.open_nursery() as nursery:
+                stream = await trio.open_tcp_stream(gateway.host, gateway.port)
+                ws = await trio_websocket.wrap_client_stream(
+                    nursery,
+                    stream,
+                    gateway.host,
+                    "/acp",
+                    extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
+                )
+                first = RpcClient(ws=ws)
+                nursery.start_soon(first.pump)
+                await first.call("initialize", {"protocolVersion": 1})
+                await first.call("_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0})
+                await control.call(
+                    "_harness/session/send",
+                    {
+                        "sessionId": sid,
+                        "content": [{"type": "text", "text": "tell me a long story"}],
+                        "placement": "next_turn",
+                    },
+                )
+                await first.wait_for(
+                    lambda n: (
+                        n["method"] == "_harness/log/event"
+                        and n["params"]["event"]["type"] == "assistant/chunk"
+                    )
+                )
+                await stream.aclose()  # the socket dies mid-turn
+                nursery.cancel_scope.cancel()
+            received = [
+                n["params"]["event"]
+                for n in first.notifications
+                if n["method"] == "_harness/log/event"
+            ]
+            agent = gateway.directory.live_agent(sid)
+            assert agent is not None and agent.status == "running"  # the kill came mid-turn
+            last = received[-1]["seq"]
+            async with connect(gateway) as second:
+                reply = await second.call(
+                    "_harness/log/subscribe", {"sessionId": sid, "fromSeq": last + 1}
+                )
+                assert reply["fromSeq"] == last + 1
+                await agent.when_idle()
+                await agent.session.flush()
+                head = agent.session.durable_seq
+                await second.wait_for(
+                    lambda n: (
+                        n["method"] == "_harness/log/event" and n["params"]["event"]["seq"] == head
+                    )
+                )
+                received += [
+                    n["params"]["event"]
+                    for n in second.notifications
+                    if n["method"] == "_harness/log/event"
+                ]
+        assert [e["seq"] for e in received] == list(range(len(received)))
+        assert [json.dumps(e) for e in received] == [json.dumps(e) for e in agent.session.to_json()]
