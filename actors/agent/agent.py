@@ -29,6 +29,7 @@ from actors.messages import Message
 from actors.prompt import SystemPrompt
 from actors.providers.base import Provider
 from actors.scope import Registration, Scope
+from actors.session.errors import SessionError
 from actors.session.events import TurnEnd, TurnEndReason, TurnStart
 from actors.session.lease import Lease
 from actors.session.session import Session, WallClock, new_session_id, system_clock_ms
@@ -352,11 +353,26 @@ class Agent:
             self._running = True
             self._refresh_idle()
             try:
+                await self.session.wake()
                 while self._loop.inbox.has_turn_work() and not self._parked:
                     await self._run_one_turn()
+                if self._loop.options.hibernate:
+                    await self._hibernate()
             finally:
                 self._running = False
                 self._refresh_idle()
+
+    async def _hibernate(self) -> None:
+        """Make the log durable and let the session release it until the next wake.
+
+        A store that fails to flush leaves the session awake: the failure is
+        the store's, and the next append reports it as that turn's error.
+        """
+        try:
+            await self.session.flush()
+        except SessionError:
+            return
+        self.session.hibernate()
 
     async def _run_one_turn(self) -> None:
         self._turn_done = trio.Event()

@@ -20,6 +20,7 @@ import trio
 
 from actors.agent.decisions import (
     Enter,
+    FailTurn,
     PreStepListener,
     Reject,
     RequestErrorListener,
@@ -182,6 +183,8 @@ class AgentLoop:
             reason = await self._turn_body(turn)
         except _TurnFailed as failed:
             reason = failed.reason
+        except FailTurn as failed:
+            reason = TurnEndReason.failed(TurnError(message=str(failed), code=failed.code))
         except SessionError:
             log_broken = True
             raise

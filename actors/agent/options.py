@@ -63,7 +63,12 @@ class AgentOptions:
     provider-specific request settings (e.g. `thinking`,
     `reasoning_effort`) copied into the request config. `max_steps` caps
     the steps of one turn: the step that would exceed it is not started and
-    the turn ends with error code "max_steps" (None: no limit).
+    the turn ends with error code "max_steps" (None: no limit). With `hibernate`,
+    the agent's session hibernates whenever the agent goes idle (its
+    in-memory log is released and reloaded from the store when input
+    arrives; see `Session.hibernate`), trading a reload per wake for
+    memory: while it hibernates, reading `agent.session` synchronously
+    raises `SessionHibernatingError`.
     """
 
     model: str
@@ -73,6 +78,7 @@ class AgentOptions:
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_extra)
     max_steps: int | None = attrs.field(default=50, validator=_max_steps)
+    hibernate: bool = False
 
     def request_config(self) -> dict[str, Any]:
         """The request config: provider and model, then the settings that are set."""

@@ -10,6 +10,7 @@ from actors.messages import Message
 from actors.providers.chunks import Usage
 from actors.session.events import (
     AssistantMessage,
+    CompactionEnded,
     Event,
     ToolResult,
     TurnEnd,
@@ -34,8 +35,10 @@ class TurnResult:
         reason: the `turn/end` reason ("completed" or "max-tokens").
         text: the text of the turn's last assistant message ("" when none).
         messages: the turn's surface messages, in log order (user input,
-            plugin context, assistant answers, tool results).
-        usage: token usage summed over the turn's requests.
+            plugin context, assistant answers, tool results; not a
+            compaction's summary, which stands in for earlier turns).
+        usage: token usage summed over the turn's requests (its steps' and
+            any compaction's summary request).
     """
 
     turn: int
@@ -85,12 +88,16 @@ def turn_result(session_id: str, events: Sequence[Event]) -> TurnResult:
     for event in events:
         data = event.data
         if isinstance(data, UserMessage | ToolResult):
-            messages.append(data.to_message())
+            # A replacement (a compaction's summary) stands in for earlier turns.
+            if event.surface_op is None:
+                messages.append(data.to_message())
         elif isinstance(data, AssistantMessage):
             messages.append(data.message)
             usage = add_usage(usage, data.usage)
             if not data.interrupted:
                 text = data.message.text
+        elif isinstance(data, CompactionEnded):
+            usage = add_usage(usage, data.usage)
     reason = end.reason
     if reason.kind not in RETURNING_KINDS:
         raise TurnFailedError(

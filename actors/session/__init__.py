@@ -10,6 +10,7 @@ from actors.session.codec import event_from_json as event_from_json
 from actors.session.codec import event_to_json as event_to_json
 from actors.session.errors import ReplacementError as ReplacementError
 from actors.session.errors import SessionError as SessionError
+from actors.session.errors import SessionHibernatingError as SessionHibernatingError
 from actors.session.errors import UnknownEventError as UnknownEventError
 from actors.session.events import EVENT_TYPES as EVENT_TYPES
 from actors.session.events import Event as Event

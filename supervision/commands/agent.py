@@ -8,6 +8,7 @@ one agent through the library.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -31,6 +32,7 @@ from actors.session.events import (
 from supervision.commands.common import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_USAGE,
     CommandError,
     Commands,
     add_config_options,
@@ -39,6 +41,7 @@ from supervision.commands.common import (
     console,
     print_json,
 )
+from supervision.commands.gateway_client import open_gateway_client
 from supervision.config import DEFAULT_AGENT
 from supervision.deployment import Deployment, open_deployment
 from supervision.supervisor import ChildStartError
@@ -66,6 +69,10 @@ def register(commands: Commands) -> None:
     inspect.add_argument(
         "--agent", default=DEFAULT_AGENT, help="the profile to open it with (default: default)"
     )
+    inspect.add_argument(
+        "--url", default=None, help="ask this running gateway (ws://HOST:PORT/acp) instead"
+    )
+    inspect.add_argument("--token", default=None, help="gateway token (default: $HARNESS_TOKEN)")
     add_config_options(inspect)
     add_json_option(inspect)
     inspect.set_defaults(handler=inspect_command)
@@ -218,42 +225,67 @@ def inspection_json(inspection: StepInspection) -> dict[str, Any]:
 
 
 def inspect_command(args: argparse.Namespace) -> int:
-    """`harness inspect SESSION`: opens the session with its profile and dry-runs the next step."""
+    """`harness inspect SESSION`: dry-runs the next step of the session.
+
+    Without `--url` it opens the session from the store with its profile (so
+    it must not be held by a running `harness serve`); with `--url` it asks
+    that gateway (`session/resume`, then `_harness/prompt/inspect`).
+    """
     config = config_of(args)
 
-    async def main() -> StepInspection:
+    async def local() -> dict[str, Any]:
         async with open_deployment(config, store_path=args.store) as deployment:
             agent = await start(deployment, args.agent, args.session, must_exist=True)
-            return await agent.inspect_next_step()
+            return inspection_json(await agent.inspect_next_step())
 
-    inspection = trio.run(main)
+    async def remote(url: str, token: str) -> dict[str, Any]:
+        async with open_gateway_client(url, token) as client:
+            await client.call("session/resume", {"sessionId": args.session, "cwd": "/"})
+            result: dict[str, Any] = await client.call(
+                "_harness/prompt/inspect", {"sessionId": args.session}
+            )
+            return result
+
+    if args.url is None:
+        result = trio.run(local)
+    else:
+        token = args.token or os.environ.get("HARNESS_TOKEN")
+        if not token:
+            raise CommandError("no gateway token: pass --token or set HARNESS_TOKEN", EXIT_USAGE)
+        result = trio.run(remote, args.url, token)
     if args.json:
-        print_json(inspection_json(inspection))
+        print_json(result)
         return EXIT_OK
+    render_inspection(args.session, result)
+    return EXIT_OK
+
+
+def render_inspection(session_id: str, result: dict[str, Any]) -> None:
+    """Print an inspection (the `_harness/prompt/inspect` shape) as tables."""
     out = console()
-    changed = "a new request/header" if inspection.header_changed else "the logged header"
-    out.print(f"next step of session {args.session} sends {changed}")
+    changed = "a new request/header" if result["headerChanged"] else "the logged header"
+    out.print(f"next step of session {session_id} sends {changed}")
     table = Table("order", "section", "scope", "shadows", "bytes", "sha256")
-    for section in inspection.sections:
+    for section in result["sections"]:
+        order = section.get("order")
         table.add_row(
-            "-" if section.order is None else f"{section.order:g}",
-            escape(section.name) + (" (complete)" if section.complete else ""),
-            escape(section.scope),
-            escape(", ".join(section.shadows)) or "-",
-            str(section.bytes),
-            section.sha256[:12],
+            "-" if order is None else f"{order:g}",
+            escape(section["name"]) + (" (complete)" if section.get("complete") else ""),
+            escape(section["scope"]),
+            escape(", ".join(section.get("shadows", []))) or "-",
+            str(section["bytes"]),
+            section["sha256"][:12],
         )
     out.print(table)
     tools = Table("#", "tool", "scope")
-    for index, tool in enumerate(inspection.tools):
-        tools.add_row(str(index), escape(tool.name), escape(tool.scope))
+    for index, tool in enumerate(result["tools"]):
+        tools.add_row(str(index), escape(tool["name"]), escape(tool["scope"]))
     out.print(tools)
-    for context in inspection.contexts:
-        out.print(f"[bold]context {escape(context.name)}[/bold] ({escape(context.scope)})")
-        out.print(escape(context.text))
-    variables = ", ".join(f"{k}={v!r}" for k, v in inspection.variables.items())
+    for context in result["contexts"]:
+        out.print(f"[bold]context {escape(context['name'])}[/bold] ({escape(context['scope'])})")
+        out.print(escape(context["text"]))
+    variables = ", ".join(f"{k}={v!r}" for k, v in result.get("variables", {}).items())
     out.print(f"variables: {escape(variables)}")
-    return EXIT_OK
 
 
 def turn_result(

@@ -173,10 +173,30 @@ async def _list(client: GatewayClient) -> list[dict[str, Any]]:
 async def follow(url: str, token: str, named: list[str], *, as_json: bool) -> bool:
     """Run the view until SIGINT/SIGTERM (returns True) or the gateway closes (returns False).
 
+    The signals are caught from the start, so an interrupt while connecting
+    also ends it cleanly.
+
     Raises:
         CommandError: the gateway is unreachable, refused the token, or does
             not know a named session.
     """
+    stopped = False
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                nonlocal stopped
+                async for _ in signals:
+                    stopped = True
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_signal)
+            await _follow(url, token, named, as_json=as_json)
+            nursery.cancel_scope.cancel()
+    return stopped
+
+
+async def _follow(url: str, token: str, named: list[str], *, as_json: bool) -> None:
     view = _View()
     async with open_gateway_client(url, token) as client:
         await client.call("_harness/sessions/watch", {})
@@ -203,22 +223,11 @@ async def follow(url: str, token: str, named: list[str], *, as_json: bool) -> bo
             await subscribe(session_id)
         if as_json:
             print_json({"sessions": list(view.sessions.values())})
-        stopped = False
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
-
-                async def stop_on_signal() -> None:
-                    nonlocal stopped
-                    async for _ in signals:
-                        stopped = True
-                        nursery.cancel_scope.cancel()
-
-                nursery.start_soon(stop_on_signal)
-                if not as_json:
-                    nursery.start_soon(_draw, view)
-                await _consume(client, view, named, subscriptions, subscribe, as_json=as_json)
-                nursery.cancel_scope.cancel()
-        return stopped
+        async with trio.open_nursery() as nursery:
+            if not as_json:
+                nursery.start_soon(_draw, view)
+            await _consume(client, view, named, subscriptions, subscribe, as_json=as_json)
+            nursery.cancel_scope.cancel()
 
 
 async def _consume(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
@@ -54,6 +55,7 @@ def _specs() -> st.SearchStrategy[Spec]:
     return st.recursive(leaves, extend, max_leaves=4)
 
 
+SPECS = _specs()
 _classes = 0
 
 
@@ -143,6 +145,7 @@ JSON = st.recursive(
 )
 
 
+@functools.cache
 def valid_value(spec: Spec) -> st.SearchStrategy[Any]:
     """Values `accepts(spec, value)` holds for (by construction)."""
     kind = spec[0]
@@ -170,6 +173,7 @@ def valid_value(spec: Spec) -> st.SearchStrategy[Any]:
     return st.fixed_dictionaries(required, optional=optional)
 
 
+@functools.cache
 def candidate(spec: Spec) -> st.SearchStrategy[Any]:
     """A value that is often, but not always, acceptable."""
     return valid_value(spec) | JSON
@@ -180,7 +184,7 @@ def signatures_and_arguments(
     draw: st.DrawFn,
 ) -> tuple[list[tuple[str, Spec, bool]], dict[str, Any]]:
     names = draw(st.lists(st.sampled_from(NAMES), max_size=3, unique=True))
-    params = [(name, draw(_specs()), draw(st.booleans())) for name in names]
+    params = [(name, draw(SPECS), draw(st.booleans())) for name in names]
     arguments: dict[str, Any] = {}
     for name, spec, required in params:
         if (required or draw(st.booleans())) and draw(st.integers(0, 9)) > 0:
@@ -191,7 +195,7 @@ def signatures_and_arguments(
 
 
 def make_function(params: list[tuple[str, Spec, bool]], seen: list[dict[str, Any]]) -> Any:
-    def fn(**kwargs: Any) -> str:
+    async def fn(**kwargs: Any) -> str:
         seen.append(kwargs)
         return "ok"
 
@@ -235,7 +239,7 @@ def finite(value: Any) -> bool:
     return True
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(signatures_and_arguments())
 def test_schema_accepts_exactly_the_arguments_the_function_accepts(
     case: tuple[list[tuple[str, Spec, bool]], dict[str, Any]],

@@ -46,6 +46,8 @@ from actors.session import (
 from actors.session.events import (
     AssistantChunk,
     AssistantMessage,
+    CompactionEnded,
+    CompactionRequested,
     Event,
     RequestHeaderLogged,
     RequestRetry,
@@ -218,7 +220,15 @@ async def append_sample_log(session: Session) -> None:
     )
     await session.append(StepEnd(turn=0, step=0))
     await session.append(
+        CompactionRequested(compaction=0, turn=0, step=1, replaces=[3], instruction="Summarise."),
+        ignorable=True,
+    )
+    await session.append(
         user("the question, compacted"), surface_op="replace", source_event_seqs=[3]
+    )
+    await session.append(
+        CompactionEnded(compaction=0, usage=Usage(input_tokens=9, cache_read_tokens=0)),
+        ignorable=True,
     )
     await session.append(UnknownData(raw={"note": [1, 2.5]}), type="memory/note", ignorable=True)
     error = TurnError(message="tool 'read' failed", code="tool_error", status=500)

@@ -12,10 +12,13 @@ import trio.testing
 from actors.agent import Agent, AgentOptions
 from actors.messages import UserSource
 from actors.prompt import PERSONA_ORDER, PERSONA_SECTION, PromptSection, SystemPrompt
-from actors.providers import Reply, ScriptedProvider, ToolCall
-from actors.session import MemoryStore, SQLiteStore
+from actors.providers import ProviderError, Reply, ScriptedProvider, ToolCall
+from actors.providers.actor import ProviderActor
+from actors.providers.openai_compat import OpenAICompatProvider
+from actors.session import MemoryStore, SessionError, SQLiteStore
 from actors.session.events import TurnEnd, TurnEndReason, UserMessage
 from supervision import (
+    MissingModelError,
     NotRunningError,
     RegistryChange,
     RestartIntensityError,
@@ -415,3 +418,42 @@ async def test_runtime_agent_children_run_the_child_setup_before_their_first_ste
     assert parent_request.system is not None and "deployment persona" in parent_request.system
     assert child_request.system is not None and "child persona" in child_request.system
     assert "deployment persona" not in child_request.system
+
+
+async def test_start_agent_without_a_model_is_refused() -> None:
+    async with open_runtime(
+        system_prompt=SystemPrompt(), providers={"default": ScriptedProvider([])}
+    ) as runtime:
+        with pytest.raises(MissingModelError, match=r"start_agent needs options=AgentOptions"):
+            await runtime.start_agent()
+
+
+async def test_start_agent_uses_the_runtime_default_options() -> None:
+    provider = ScriptedProvider([Reply.text("hi")])
+    async with open_runtime(
+        system_prompt=SystemPrompt(),
+        providers={"default": provider},
+        default_options=AgentOptions(model="deepseek-chat"),
+    ) as runtime:
+        child = await runtime.start_agent()
+        await child.value.run("hello")
+    assert provider.requests[0].config["model"] == "deepseek-chat"
+
+
+async def test_bad_provider_url_leaves_open_runtime_as_one_provider_error() -> None:
+    actor = ProviderActor(
+        name="deepseek",
+        factory=lambda client: OpenAICompatProvider(client, base_url="not a url", api_key=None),
+    )
+    with pytest.raises(ProviderError, match=r"base_url 'not a url' must be an absolute"):
+        async with open_runtime(system_prompt=SystemPrompt(), providers={"deepseek": actor}):
+            pytest.fail("the runtime started with a provider that cannot work")
+
+
+async def test_bad_store_path_leaves_open_runtime_as_one_session_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    path = blocker / "sessions.sqlite"
+    with pytest.raises(SessionError, match=rf"SQLite store '{path}'"):
+        async with open_runtime(system_prompt=SystemPrompt(), store=SQLiteStore(path)):
+            pytest.fail("the runtime started over an unusable store")

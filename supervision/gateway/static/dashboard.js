@@ -110,6 +110,9 @@ class Connection {
   }
 
   call(method, params = {}) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) {
+      return Promise.reject(new RpcError({ code: -1, message: `not connected (${method})` }));
+    }
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
@@ -118,6 +121,7 @@ class Connection {
   }
 
   notify(method, params = {}) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return;
     this.ws.send(JSON.stringify({ jsonrpc: "2.0", method, params }));
   }
 
@@ -233,19 +237,15 @@ function emptySummary(sessionId) {
     usage: { inputTokens: 0, outputTokens: 0, cacheReadTokens: 0 } };
 }
 
-async function refreshState(sessionId) {
-  // A change notification that carries no status: ask for the session's state.
-  try {
-    const result = await state.conn.call("_harness/session/state", { sessionId });
-    const s = state.sessions.get(sessionId);
-    if (!s) return;
-    s.status = result.status;
-    if (typeof result.turn === "number") s.turn = result.turn;
-    if (sessionId === state.selected) renderDetailHeader();
-    queueRender();
-  } catch (error) {
-    notice(`session ${shortId(sessionId)}: ${error.message}`);
-  }
+let relistTimer = null;
+
+function scheduleRelist() {
+  // A change notification that is not a full SessionSummary: list again, at most once a second.
+  if (relistTimer !== null) return;
+  relistTimer = setTimeout(async () => {
+    relistTimer = null;
+    try { await listSessions(); } catch (error) { notice(`listing sessions failed: ${error.message}`); }
+  }, 1000);
 }
 
 function track(event) {
@@ -278,16 +278,24 @@ async function loadSessions() {
     if (params.change === "removed") state.sessions.delete(s.sessionId);
     else {
       state.sessions.set(s.sessionId, { ...emptySummary(s.sessionId), ...state.sessions.get(s.sessionId), ...s });
-      if (s.status === undefined) refreshState(s.sessionId);
+      if (s.status === undefined) scheduleRelist();
     }
     if (s.sessionId === state.selected) renderDetailHeader();
     queueRender();
   });
+  await listSessions();
+}
+
+async function listSessions() {
   let cursor;
   do {
-    const page = await conn.call("_harness/sessions/list", cursor ? { cursor, limit: PAGE_LIMIT } : { limit: PAGE_LIMIT });
+    const page = await state.conn.call("_harness/sessions/list", cursor ? { cursor, limit: PAGE_LIMIT } : { limit: PAGE_LIMIT });
     for (const s of page.sessions) {
-      if (!state.sessions.has(s.sessionId)) state.sessions.set(s.sessionId, s);
+      const known = state.sessions.get(s.sessionId);
+      // The selected session's figures come from its own log, which is never behind the list.
+      if (!known || s.sessionId !== state.selected || (s.headSeq ?? -1) >= (known.headSeq ?? -1)) {
+        state.sessions.set(s.sessionId, { ...known, ...s });
+      }
     }
     cursor = page.nextCursor;
     queueRender();
@@ -413,16 +421,16 @@ function appendEvent(event) {
     const key = `${event.data.turn}/${event.data.step}`;
     if (!state.streaming || state.streaming.key !== key) {
       const body = el("span", { class: "body" });
-      const row = el("div", { class: "event chunk fresh", "data-type": "assistant/chunk" },
+      const row = el("div", { class: `event chunk${event.seq > state.baseSeq ? " fresh" : ""}`, "data-type": "assistant/chunk" },
         el("span", { class: "seq", text: String(event.seq) }),
         el("span", { class: "type", text: "streaming" }), body);
       state.streaming = { key, body };
-      addRow(box, row);
+      addRow(box, row, event);
     }
     state.streaming.body.textContent += chunk.text;
   } else {
     if (event.type === "assistant/message") state.streaming = null;
-    const classes = ["event", "fresh"];
+    const classes = event.seq > state.baseSeq ? ["event", "fresh"] : ["event"];
     if (event.type === "turn/end") {
       classes.push("turn-end");
       if (!["completed", "max-tokens"].includes(event.data.reason.kind)) classes.push("failed");
@@ -431,7 +439,7 @@ function appendEvent(event) {
     addRow(box, el("div", { class: classes.join(" "), "data-type": event.type, "data-seq": String(event.seq) },
       el("span", { class: "seq", text: String(event.seq) }),
       el("span", { class: "type", text: event.type }),
-      el("span", { class: "body", text: describe(event) })));
+      el("span", { class: "body", text: describe(event) })), event);
   }
   document.getElementById("event-count").textContent = `(last seq ${event.seq})`;
   if (atBottom) box.scrollTop = box.scrollHeight;
@@ -444,7 +452,9 @@ function appendEvent(event) {
   if (event.type === "turn/end") refreshInspect();
 }
 
-function addRow(box, row) {
+function addRow(box, row, event) {
+  row.dataset.time = String(event.time);          // when the event was appended (epoch ms)
+  row.dataset.received = String(Date.now());      // when this page showed it
   box.append(row);
   state.eventRows++;
   if (state.eventRows > EVENT_ROWS) {
@@ -605,7 +615,21 @@ async function refreshInspect() {
     renderInspect(result);
   } catch (error) {
     if (state.selected !== sessionId) return;
-    box.replaceChildren(el("div", { class: "note", text: `inspect unavailable: ${error.message}` }));
+    const note = el("div", { class: "note", text: `inspect unavailable: ${error.message}` });
+    if (error.data && error.data.reason === "not_running") {
+      const resume = el("button", { type: "button", id: "resume-button", text: "Resume session",
+        onclick: async () => {
+          try {
+            await state.conn.call("session/resume", { sessionId, cwd: "/" });
+            refreshInspect();
+          } catch (failure) {
+            note.textContent = `resume failed: ${failure.message}`;
+          }
+        } });
+      box.replaceChildren(note, resume);
+    } else {
+      box.replaceChildren(note);
+    }
   }
 }
 
@@ -730,8 +754,9 @@ async function connect(token) {
   state.conn = conn;
   state.reconnects = 0;
   conn.on("_harness/log/event", onLogEvent);
-  conn.onclose = () => {
-    setConnection("disconnected; reconnecting…", "closed");
+  conn.onclose = (event) => {
+    state.lastClose = `${event.code} ${event.reason}`;
+    setConnection(`disconnected (${event.code}${event.reason ? ` ${event.reason}` : ""}); reconnecting…`, "closed");
     const delay = RECONNECT_MS[Math.min(state.reconnects++, RECONNECT_MS.length - 1)];
     setTimeout(() => reconnect(token), delay);
   };
