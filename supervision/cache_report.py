@@ -91,8 +91,9 @@ class RequestCache:
     common_prefix_bytes: int
     """Bytes shared with the previous request's start (0 for the first request)."""
     limit_tokens: int | None
-    """An estimate of the most prompt tokens a prefix cache could have served: the prompt
-    tokens in proportion to the bytes shared with the previous request."""
+    """An estimate of the most prompt tokens a prefix cache could have served: the
+    previous request's prompt (and reply, when this request extends it), cut at the
+    break in proportion to the bytes kept."""
     prefix_break: PrefixBreak | None
     """None when the request only appended to the previous one (or is the first)."""
 
@@ -268,6 +269,30 @@ def find_break(
     return common, PrefixBreak(offset=common, lane=lane)
 
 
+def _limit(
+    prompt: int | None,
+    common: int,
+    size: int,
+    previous: RequestCache | None,
+    broken: PrefixBreak | None,
+) -> int | None:
+    """The most prompt tokens a prefix cache could serve for this request (an estimate).
+
+    Only what an earlier request sent can be cached: the previous prompt
+    (and its reply, when this request extends it), cut at the break in
+    proportion to the bytes kept.
+    """
+    if prompt is None:
+        return None
+    if previous is None:
+        return 0
+    if previous.prompt_tokens is None:
+        return (prompt * common) // size
+    kept = (previous.prompt_tokens * common) // previous.request_bytes
+    reply = (previous.output_tokens or 0) if broken is None else 0
+    return min(prompt, kept + reply)
+
+
 def cache_report(session_id: str, events: Sequence[Mapping[str, Any] | Event]) -> CacheReport:
     """The prefix-break report of a session's log (its `session.to_json()` or `Event`s).
 
@@ -313,7 +338,7 @@ def cache_report(session_id: str, events: Sequence[Mapping[str, Any] | Event]) -
                 output_tokens=figures.output_tokens if figures is not None else None,
                 request_bytes=size,
                 common_prefix_bytes=common,
-                limit_tokens=None if prompt is None else (prompt * common) // size,
+                limit_tokens=_limit(prompt, common, size, rows[-1] if rows else None, broken),
                 prefix_break=broken,
             )
         )

@@ -14,6 +14,7 @@ for a missing one, so commands that only read the store need no secret.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import os
 import re
@@ -27,7 +28,7 @@ import cattrs
 from cattrs.errors import ForbiddenExtraKeysError
 from cattrs.gen import make_dict_structure_fn
 
-from actors.agent import Tool
+from actors.agent import Tool, function_tool
 from actors.prompt import PromptError
 from actors.prompt.tool_order import parse_tool_order
 
@@ -66,9 +67,14 @@ class ConfigError(ValueError):
 
 @attrs.frozen(kw_only=True)
 class StoreConfig:
-    """`[store]`: where sessions live (`path`: a SQLite file, or "memory")."""
+    """`[store]`: where sessions live.
+
+    `path`: a SQLite file, or "memory"; or `url`: a `postgresql://` URL of
+    the PostgreSQL database many node processes share (then `path` stays unset).
+    """
 
     path: str = DEFAULT_STORE_PATH
+    url: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -267,14 +273,20 @@ def _resolve_tool(path: str) -> Tool:
 
 
 def as_tool(value: object, path: str) -> Tool:
-    """The `Tool` an import path names: a `Tool` as it is.
+    """The `Tool` an import path names: a `Tool` as it is, a function made one by `function_tool`.
 
     Raises:
-        ValueError: `value` is not a tool (the message names `path`).
+        ValueError: `value` is neither a tool nor a function, or `function_tool`
+            refused it (an unsupported annotation); the message names `path`.
     """
     if isinstance(value, Tool):
         return value
-    raise ValueError(f"tool {path!r} names a {type(value).__name__}, not a Tool")
+    if inspect.isfunction(value):
+        try:
+            return function_tool(value)
+        except TypeError as exc:
+            raise ValueError(f"tool {path!r}: {exc}") from None
+    raise ValueError(f"tool {path!r} names a {type(value).__name__}, not a Tool or a function")
 
 
 def _structure_tool_ref(value: Any, _: type) -> ToolRef:
@@ -443,6 +455,14 @@ def _check_references(config: DeploymentConfig) -> list[str]:
     problems: list[str] = []
     if not config.agents:
         problems.append("no agent profiles: add an [agents.NAME] table")
+    if config.store.url is not None:
+        if not config.store.url.startswith(("postgresql://", "postgres://")):
+            problems.append(
+                "store.url (in [store]) must be a postgresql:// URL, got "
+                f"{config.store.url.partition('://')[0]!r}:// "
+            )
+        if config.store.path != DEFAULT_STORE_PATH:
+            problems.append("[store] takes either path (SQLite) or url (PostgreSQL), not both")
     for name, provider in config.providers.items():
         where = f"[providers.{name}]"
         if provider.kind == "openai-compatible" and provider.base_url is None:

@@ -233,28 +233,36 @@ async def run_demo(
     api_key: str | None = None,
     base_url: str | None = None,
     out: Callable[[str], None] = print,
+    model: str = DEMO_MODEL,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
 ) -> DemoReport:
     """Run the demo and return what it measured.
 
-    With `api_key` the agent talks to `base_url` (DeepSeek by default);
-    without, to a simulator started in-process on an ephemeral loopback
-    port. The session is stored in SQLite at `store_path` (a fresh session
-    each run). The first turn that does not complete (a refused key, no
-    route to the API, retries exhausted) stops the demo: the report's
-    `failure` says why, and the summary ends with `FAILED` instead of `OK`.
+    With `base_url` the agent talks to that OpenAI-compatible server (with
+    `api_key`, if any); else with `api_key` to DeepSeek; else to a simulator
+    started in-process on an ephemeral loopback port. `model`, `max_tokens`
+    and `temperature` go into every request. The session is stored in SQLite
+    at `store_path` (a fresh session each run). The first turn that does not
+    complete (a refused key, no route to the API, retries exhausted) stops
+    the demo: the report's `failure` says why, and the summary ends with
+    `FAILED` instead of `OK`.
 
     Cancellation: cancelling stops the agent (its live turn ends aborted)
     and the simulator; committed events stay in the store.
     """
     store_path.parent.mkdir(parents=True, exist_ok=True)
     async with trio.open_nursery() as nursery:
-        if api_key is None:
+        if base_url is not None:
+            url, key = base_url, api_key
+            out(f"using the model server at {url}")
+        elif api_key is None:
             engine = SimulatorEngine()
-            url: str = await nursery.start(serve_simulator, engine)
+            url = await nursery.start(serve_simulator, engine)
             key = engine.config.api_key
             out(f"simulator listening on {url}")
         else:
-            url, key = base_url or DEEPSEEK_BASE_URL, api_key
+            url, key = DEEPSEEK_BASE_URL, api_key
             out(f"using the DeepSeek API at {url}")
         recorder: list[RecordingProvider] = []
 
@@ -275,7 +283,9 @@ async def run_demo(
         policies.install(prompt)
         rows: list[RequestRow] = []
         failure: str | None = None
-        options = AgentOptions(model=DEMO_MODEL, provider_name="deepseek")
+        options = AgentOptions(
+            model=model, provider_name="deepseek", max_tokens=max_tokens, temperature=temperature
+        )
         async with open_agent(
             system_prompt=prompt, provider=actor, options=options, store=store, tools=DEMO_TOOLS
         ) as agent:

@@ -37,11 +37,12 @@ from actors.providers import Provider
 from actors.providers.actor import ProviderActor
 from actors.providers.openai_compat import OpenAICompatProvider
 from actors.providers.simulator import SimulatorConfig, SimulatorEngine, serve_simulator
-from actors.scope import Scope
+from actors.scope import Registration, Scope
 from actors.session import MemoryStore, SessionStore, SQLiteStore
 from supervision.config import (
     MEMORY_STORE,
     AgentConfig,
+    ConfigError,
     DeploymentConfig,
     Environment,
     resolve_environment,
@@ -49,6 +50,22 @@ from supervision.config import (
 from supervision.runtime import Runtime, open_runtime
 from supervision.subagents import ForkProvider, SpawnProvider, SubagentProvider
 from supervision.supervisor import Child
+
+ChildListener = Callable[[str, str, str], None]
+"""`listener(child_session_id, parent_session_id, profile)`, called as a subagent starts."""
+
+
+@attrs.frozen(kw_only=True)
+class AgentSpec:
+    """What starting an agent of one profile takes (the arguments of `Runtime.start_agent`)."""
+
+    options: AgentOptions
+    tools: tuple[Tool, ...]
+    subagents: tuple[SubagentProvider, ...]
+    setup: Callable[[Agent], None]
+    """Registers the profile's persona, tool order and contexts in the agent's scope."""
+    child_setup: Callable[[Agent], None]
+    """The same for each subagent, with the subagent profile's persona, tools and contexts."""
 
 
 @attrs.define(eq=False)
@@ -61,12 +78,28 @@ class Deployment:
     root: Path
     """The workspace directory (`workspace` contexts read instructions from here)."""
     store_path: str
-    """Where sessions are stored: a SQLite path, or "memory"."""
+    """Where sessions are stored: a SQLite path, "memory", or a PostgreSQL URL (no password)."""
     _profiles: dict[str, str] = attrs.field(factory=dict)
+    _parents: dict[str, str] = attrs.field(factory=dict)
+    _scopes: dict[Scope, str] = attrs.field(factory=dict)
+    _child_listeners: list[ChildListener] = attrs.field(factory=list)
 
     def profile_of(self, session_id: str) -> str | None:
         """The profile name of an agent this deployment started for `session_id`."""
         return self._profiles.get(session_id)
+
+    def parent_of(self, session_id: str) -> str | None:
+        """The session that delegated to `session_id`, for subagents of this deployment."""
+        return self._parents.get(session_id)
+
+    def on_child(self, listener: ChildListener) -> Callable[[], None]:
+        """Call `listener(child_id, parent_id, profile)` as each subagent starts.
+
+        It runs synchronously in the child's setup, before the child's first
+        step. Returns a function that removes the listener.
+        """
+        self._child_listeners.append(listener)
+        return lambda: self._child_listeners.remove(listener)
 
     async def start_agent(
         self, profile: str = "default", *, session_id: str | None = None
@@ -80,6 +113,24 @@ class Deployment:
             ChildStartError: the agent failed to start (e.g. the session is
                 held by another process).
         """
+        spec = self.spec(profile)
+        child = await self.runtime.start_agent(
+            options=spec.options,
+            session_id=session_id,
+            tools=spec.tools,
+            subagents=spec.subagents,
+            setup=spec.setup,
+            child_setup=spec.child_setup,
+        )
+        return child
+
+    def spec(self, profile: str) -> AgentSpec:
+        """How to start an agent of `profile` (for `start_agent`, or another starter such as the
+        gateway's session directory).
+
+        Raises:
+            ConfigError: there is no such profile.
+        """
         agent_config = self.config.agent(profile)
         subagent_config = self.config.agent(agent_config.subagent_agent or profile)
         providers: list[SubagentProvider] = []
@@ -87,26 +138,41 @@ class Deployment:
             providers.append(SpawnProvider())
         if "subagent_fork" in agent_config.subagents:
             providers.append(ForkProvider())
-        child = await self.runtime.start_agent(
+        return AgentSpec(
             options=agent_options(agent_config),
-            session_id=session_id,
             tools=tools_of(agent_config),
-            subagents=providers,
+            subagents=tuple(providers),
             setup=self._setup(agent_config),
-            child_setup=self._setup(subagent_config, add_tools=True),
+            child_setup=self._setup(subagent_config, child_of=profile),
         )
-        self._profiles[child.value.session.id] = profile
-        return child
 
-    def _setup(self, profile: AgentConfig, *, add_tools: bool = False) -> Callable[[Agent], None]:
+    def _setup(
+        self, profile: AgentConfig, *, child_of: str | None = None
+    ) -> Callable[[Agent], None]:
+        """The setup of an agent of `profile` (a subagent when `child_of` names its parent's)."""
         system_prompt = self.runtime.system_prompt
         root = self.root
+        profile_name = next(n for n, p in self.config.agents.items() if p is profile)
 
         def setup(agent: Agent) -> None:
-            if add_tools:
+            session_id = agent.session.id
+            self._scopes[agent.scope] = session_id
+            scope = agent.scope
+
+            def forget() -> None:
+                self._scopes.pop(scope, None)
+
+            scope.own(Registration(remove=forget))
+            self._profiles[session_id] = profile_name
+            if child_of is not None:
                 for tool in tools_of(profile):
                     if agent.tools.get(tool.name) is None:
                         agent.tools.add(tool)
+                parent = self._scopes.get(agent.scope.parent) if agent.scope.parent else None
+                if parent is not None:
+                    self._parents[session_id] = parent
+                    for listener in list(self._child_listeners):
+                        listener(session_id, parent, profile_name)
             system_prompt.section(
                 PromptSection(name=PERSONA_SECTION, order=PERSONA_ORDER, text=profile.persona),
                 scope=agent.scope,
@@ -130,6 +196,7 @@ def agent_options(profile: AgentConfig) -> AgentOptions:
         provider_name=profile.provider,
         max_tokens=profile.max_tokens,
         temperature=profile.temperature,
+        max_steps=profile.max_steps,
     )
 
 
@@ -167,11 +234,30 @@ def _profile_tools(profile: AgentConfig, scope: Scope) -> AssembleListener:
     return listener
 
 
-def _store(path: str) -> SessionStore:
+def _store(path: str, url: str | None) -> SessionStore:
+    if url is not None:
+        try:
+            from actors.session.postgres_store import PostgresStore
+        except ImportError as exc:
+            raise ConfigError(
+                f"[store] url needs psycopg, which is not installed ({exc}); "
+                "install the extra: pip install 'harness[postgres]'"
+            ) from exc
+        return PostgresStore(url)
     if path == MEMORY_STORE:
         return MemoryStore()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return SQLiteStore(Path(path))
+
+
+def _redacted(url: str) -> str:
+    """`url` without its password, to show where sessions are stored."""
+    scheme, _, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user = credentials.partition(":")[0]
+    return f"{scheme}://{user}@{host}"
 
 
 @asynccontextmanager
@@ -184,7 +270,7 @@ async def open_deployment(
 ) -> AsyncIterator[Deployment]:
     """Start what `config` describes and yield the running `Deployment`.
 
-    `store_path` overrides `[store] path`; `root` is the workspace directory
+    `store_path` overrides `[store] path` and `url`; `root` is the workspace directory
     (default: the working directory); `environ` the environment secrets are
     read from (default: the process's).
 
@@ -196,8 +282,9 @@ async def open_deployment(
             starts).
     """
     environment = resolve_environment(config, environ)
+    url = None if store_path else config.store.url
     path = store_path or config.store.path
-    store = _store(path)
+    store = _store(path, url)
     async with trio.open_nursery() as nursery:
         providers: dict[str, Provider] = {}
         for name, provider in config.providers.items():
@@ -225,7 +312,7 @@ async def open_deployment(
                 environment=environment,
                 runtime=runtime,
                 root=(root or Path.cwd()).resolve(),
-                store_path=path,
+                store_path=path if url is None else _redacted(url),
             )
         nursery.cancel_scope.cancel()
 

@@ -8,11 +8,8 @@ through `..` or a symlink, is refused with an error naming it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import trio
-
-from actors.agent import Tool
+from actors.agent import Tool, function_tool
 
 MAX_READ_BYTES = 256 * 1024
 """The most bytes `read_file` returns; a larger file is refused, never cut."""
@@ -33,68 +30,44 @@ def _inside(root: Path, relative: object) -> Path:
     return target
 
 
-def _arguments(arguments: dict[str, Any] | str, tool: str) -> dict[str, Any]:
-    if not isinstance(arguments, dict):
-        raise WorkspaceToolError(f"{tool} takes a JSON object, got {arguments!r}")
-    return arguments
-
-
 def workspace_tools(root: Path) -> tuple[Tool, Tool]:
-    """`(list_files, read_file)` confined to `root`."""
+    """`(list_files, read_file)` confined to `root`, as function tools (run in a worker thread)."""
     base = root.resolve()
 
-    def list_sync(relative: object) -> str:
-        directory = _inside(base, relative)
+    def list_files(path: str = ".") -> str:
+        """List the entries of a workspace directory (directories end in '/').
+
+        Args:
+            path: A directory, relative to the workspace root.
+        """
+        directory = _inside(base, path)
         if not directory.is_dir():
-            raise WorkspaceToolError(f"{relative!r} is not a directory of the workspace")
+            raise WorkspaceToolError(f"{path!r} is not a directory of the workspace")
         entries = sorted(directory.iterdir())
         if len(entries) > MAX_LIST_ENTRIES:
             raise WorkspaceToolError(
-                f"{relative!r} holds {len(entries)} entries, more than {MAX_LIST_ENTRIES}; "
+                f"{path!r} holds {len(entries)} entries, more than {MAX_LIST_ENTRIES}; "
                 "list a subdirectory"
             )
         return "\n".join(e.name + ("/" if e.is_dir() else "") for e in entries)
 
-    def read_sync(relative: object) -> str:
-        file = _inside(base, relative)
+    def read_file(path: str) -> str:
+        """Read a UTF-8 text file of the workspace and return its contents.
+
+        Args:
+            path: A file, relative to the workspace root.
+        """
+        file = _inside(base, path)
         if not file.is_file():
-            raise WorkspaceToolError(f"{relative!r} is not a file of the workspace")
+            raise WorkspaceToolError(f"{path!r} is not a file of the workspace")
         size = file.stat().st_size
         if size > MAX_READ_BYTES:
             raise WorkspaceToolError(
-                f"{relative!r} has {size} bytes, more than the {MAX_READ_BYTES} read_file returns"
+                f"{path!r} has {size} bytes, more than the {MAX_READ_BYTES} read_file returns"
             )
         return file.read_text(encoding="utf-8", errors="replace")
 
-    async def list_files(arguments: dict[str, Any] | str, call: object) -> str:
-        relative = _arguments(arguments, "list_files").get("path", ".")
-        return await trio.to_thread.run_sync(list_sync, relative)
-
-    async def read_file(arguments: dict[str, Any] | str, call: object) -> str:
-        args = _arguments(arguments, "read_file")
-        if "path" not in args:
-            raise WorkspaceToolError("read_file needs a 'path'")
-        return await trio.to_thread.run_sync(read_sync, args["path"])
-
-    path_schema = {"type": "string", "description": "A path relative to the workspace root."}
-    return (
-        Tool(
-            name="list_files",
-            description="List the entries of a workspace directory (directories end in '/').",
-            parameters={"type": "object", "properties": {"path": path_schema}},
-            execute=list_files,
-        ),
-        Tool(
-            name="read_file",
-            description="Read a UTF-8 text file of the workspace and return its contents.",
-            parameters={
-                "type": "object",
-                "properties": {"path": path_schema},
-                "required": ["path"],
-            },
-            execute=read_file,
-        ),
-    )
+    return function_tool(list_files), function_tool(read_file)
 
 
 list_files, read_file = workspace_tools(Path.cwd())

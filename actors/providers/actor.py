@@ -22,6 +22,7 @@ import trio
 from actors.providers.admission import Admission, StallPolicy, Ticket
 from actors.providers.base import Provider, ProviderError
 from actors.providers.chunks import Chunk, Failure, FinishChunk
+from actors.providers.http_client import HttpClientSettings, open_http_client
 from actors.providers.request import GenerateRequest
 
 ProviderFactory = Callable[[httpx.AsyncClient], Provider]
@@ -63,7 +64,8 @@ class ProviderActor:
     `stall.max_stalled` more that produced no chunk for `stall.stall_after`
     seconds are set aside beside them (see `actors.providers.admission`);
     each job's chunks travel over a channel of `chunk_buffer` (a slow reader
-    slows its own stream only).
+    slows its own stream only). The client is built by `open_http_client`
+    from `timeout`, `limits`, `http2` and `pools` (see `HttpClientSettings`).
     """
 
     name: str
@@ -72,6 +74,8 @@ class ProviderActor:
     limits: httpx.Limits = attrs.field(
         factory=lambda: httpx.Limits(max_connections=64, max_keepalive_connections=16)
     )
+    http2: bool = False
+    pools: int = 1
     max_in_flight: int = 16
     stall: StallPolicy = attrs.field(factory=StallPolicy)
     queue_size: int = 256
@@ -87,6 +91,8 @@ class ProviderActor:
     def __attrs_post_init__(self) -> None:
         if self.max_in_flight < 1:
             raise ProviderError(f"provider {self.name!r}: max_in_flight must be >= 1")
+        if self.pools < 1:
+            raise ProviderError(f"provider {self.name!r}: pools must be >= 1")
 
     @property
     def running(self) -> bool:
@@ -121,10 +127,10 @@ class ProviderActor:
         send, receive = trio.open_memory_channel[_Job](self.queue_size)
         admission = Admission(max_in_flight=self.max_in_flight, policy=self.stall)
         self._admission = admission
-        async with (
-            httpx.AsyncClient(timeout=self.timeout, limits=self.limits) as client,
-            trio.open_nursery() as nursery,
-        ):
+        settings = HttpClientSettings(
+            timeout=self.timeout, limits=self.limits, http2=self.http2, pools=self.pools
+        )
+        async with open_http_client(settings) as client, trio.open_nursery() as nursery:
             provider = self.factory(client)
             self._jobs_send = send
             try:

@@ -215,7 +215,8 @@ class OpenAICompatProvider:
         Keys come in a fixed order (`model`, `messages`, `tools`, the
         configured options, `stream`, `stream_options`), so equal requests
         give equal bytes. `config` keys other than `model`, `max_tokens`,
-        `temperature`, `thinking` and `reasoning_effort` are not sent.
+        `temperature`, `thinking`, `reasoning_effort`, `tool_choice`,
+        `parallel_tool_calls`, `response_format` and `stop` are not sent.
 
         Raises:
             ProviderError: a message or config value cannot be serialized.

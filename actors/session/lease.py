@@ -27,16 +27,22 @@ Writes without a lease (tests, `Session.fork`'s copy into a new session) are
 accepted only while nobody holds a live lease on the session.
 
 How this carries to a shared PostgreSQL store (many node processes, one
-log): the same three columns in a `leases` table, `(session_id PRIMARY KEY,
-owner, epoch, expires_at)`. Acquisition is one statement,
+log): the same `leases` table, `(session_id PRIMARY KEY, owner, epoch,
+expires_at)`. Acquisition is one statement,
 `INSERT ... ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner,
 epoch = leases.epoch + 1, expires_at = now() + ttl WHERE leases.expires_at <
 now() OR leases.owner IS NULL RETURNING epoch` (no row back: busy; read the
 holder for the message). Expiry uses the database's `now()`, never a node's
 clock, so clock skew between machines cannot make two holders. A group
-commit inserts its batch with `INSERT ... SELECT ... FROM unnest(...) JOIN
-leases USING (session_id) WHERE leases.epoch = batch.epoch ON CONFLICT
-(session_id, seq) DO NOTHING RETURNING session_id, seq`: rows of a fenced
+commit inserts its batch with `INSERT ... SELECT ... FROM unnest(...) LEFT
+JOIN leases USING (session_id) WHERE leases.epoch = batch.epoch (or, for a
+write without a lease, no live holder) ON CONFLICT (session_id, seq) DO
+NOTHING RETURNING session_id, seq`, each row's checksum computed by the
+node as here; a session whose first seq does not continue its stored
+`max(seq)` is refused the same way. The batch reads the lease rows it
+checks `FOR SHARE`, so a takeover (an `UPDATE` of that row) waits for a
+commit in flight, and the new holder, which loads the log only after its
+acquisition returned, sees every row the old epoch got in. Rows of a fenced
 session (stale epoch) or a conflicting seq simply do not come back, so that
 session's appends fail with `SessionFencedError` while the others commit, and
 the `(session_id, seq)` primary key remains the last line of defence.

@@ -13,7 +13,7 @@ import trio
 
 from actors.messages import Message
 from actors.session.codec import event_to_json
-from actors.session.errors import SessionError
+from actors.session.errors import SessionError, SessionHibernatingError
 from actors.session.events import (
     AssistantMessage,
     Event,
@@ -75,6 +75,11 @@ class Session:
     With a `lease` (see `SessionStore.acquire_lease`) every write carries its
     epoch, so the store refuses them once another writer took the session
     over (`SessionFencedError`).
+
+    An idle session can `hibernate()`: it releases its in-memory events and
+    message list and keeps only its length; `wake()` reloads them from the
+    store. Appending and watching wake it by themselves; the synchronous
+    readers raise `SessionHibernatingError` until it is woken.
     """
 
     id: str
@@ -83,6 +88,8 @@ class Session:
     lease: Lease | None = attrs.field(default=None, kw_only=True)
     _events: list[Event] = attrs.field(factory=list, alias="events")
     _surface: list[Message] = attrs.field(factory=list, init=False)
+    _hibernated_length: int | None = attrs.field(default=None, init=False)
+    _watches: int = attrs.field(default=0, init=False)
     _extended: trio.Event = attrs.field(factory=trio.Event, init=False)
     _extension_waited: bool = attrs.field(default=False, init=False)
     _append_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock, init=False)
@@ -161,14 +168,73 @@ class Session:
     @property
     def events(self) -> Sequence[Event]:
         """Every event, in seq order (a read-only view)."""
-        return tuple(self._events)
+        return tuple(self._awake())
 
     def events_since(self, seq: int) -> Sequence[Event]:
         """The events with `seq` >= the given one, in order."""
-        return tuple(self._events[seq:])
+        return tuple(self._awake()[seq:])
 
     def __len__(self) -> int:
+        if self._hibernated_length is not None:
+            return self._hibernated_length
         return len(self._events)
+
+    @property
+    def hibernating(self) -> bool:
+        """True while the in-memory log is released (see `hibernate`)."""
+        return self._hibernated_length is not None
+
+    def hibernate(self) -> bool:
+        """Release the in-memory events and message list, keeping only the log's length.
+
+        Like Erlang's `hibernate`: an idle session then costs almost nothing
+        until it is used again. Only a session whose every event is durable,
+        with no append in progress and no watch open, hibernates (its store
+        must give every event back on `wake`); otherwise nothing changes.
+
+        Returns:
+            True when the session hibernates (or already did).
+        """
+        if self._hibernated_length is not None:
+            return True
+        if self._watches or self._append_lock.locked() or self.durable_seq < len(self) - 1:
+            return False
+        self._hibernated_length = len(self._events)
+        self._events = []
+        self._surface = []
+        return True
+
+    async def wake(self) -> None:
+        """Reload a hibernating session's events from its store; a no-op when awake.
+
+        Cancellation: cancelling leaves the session hibernating, unchanged.
+
+        Raises:
+            SessionError: the store no longer holds exactly the events the
+                session had (another writer, or a damaged store).
+        """
+        await trio.lowlevel.checkpoint()
+        length = self._hibernated_length
+        if length is None:
+            return
+        events = await self.store.load(self.id)
+        if self._hibernated_length is None:  # a concurrent wake finished first
+            return
+        if len(events) != length or any(e.seq != n for n, e in enumerate(events)):
+            raise SessionError(
+                f"session {self.id!r}: waking from hibernation found {len(events)} stored "
+                f"events, expected {length}"
+            )
+        self._events = events
+        self._surface = derive_messages(events)
+        self._hibernated_length = None
+
+    def _awake(self) -> list[Event]:
+        if self._hibernated_length is not None:
+            raise SessionHibernatingError(
+                f"session {self.id!r} is hibernating; await session.wake() before reading it"
+            )
+        return self._events
 
     async def append(
         self,
@@ -211,6 +277,8 @@ class Session:
         except trio.WouldBlock:
             await self._append_lock.acquire()
         try:
+            if self._hibernated_length is not None:
+                await self.wake()
             now = self.clock()
             first = len(self._events)
             events = [
@@ -254,7 +322,7 @@ class Session:
         may still be (and their seqs reused), so nothing after it is shown
         to watchers.
         """
-        return min(self.store.durable_seq(self.id), len(self._events) - 1)
+        return min(self.store.durable_seq(self.id), len(self) - 1)
 
     async def wait_durable(self, seq: int) -> None:
         """Return once `durable_seq >= seq`.
@@ -280,7 +348,7 @@ class Session:
         end = self.durable_seq + 1
         if limit is not None:
             end = min(end, from_seq + limit)
-        return tuple(self._events[from_seq:end]) if from_seq < end else ()
+        return tuple(self._awake()[from_seq:end]) if from_seq < end else ()
 
     @asynccontextmanager
     async def watch(
@@ -301,16 +369,22 @@ class Session:
         end. A store failure ends the channel early after the last durable
         event (never a gap).
         """
-        start = len(self._events) if from_seq is None else from_seq
+        start = len(self) if from_seq is None else from_seq
         if start < 0:
             raise SessionError(f"session {self.id!r}: cannot watch from seq {start}")
         send, receive = trio.open_memory_channel[Event](buffer)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._pump, start, send)
-            try:
-                yield receive
-            finally:
-                nursery.cancel_scope.cancel()
+        # An open watch keeps the session awake: its cursor reads the events.
+        self._watches += 1
+        try:
+            await self.wake()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump, start, send)
+                try:
+                    yield receive
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._watches -= 1
 
     async def _pump(self, next_seq: int, send: trio.MemorySendChannel[Event]) -> None:
         async with send:
@@ -334,23 +408,24 @@ class Session:
 
     def derive_messages(self) -> list[Message]:
         """The model-visible messages, rebuilt from the surface events (a fresh list)."""
+        self._awake()
         return list(self._surface)
 
     def surface_events(self) -> list[Event]:
         """The surface events currently model-visible, in order."""
-        return surface_events(self._events)
+        return surface_events(self._awake())
 
     def header(self) -> RequestHeader | None:
         """The latest canonical request header in the log."""
-        return fold_request_header(self._events)
+        return fold_request_header(self._awake())
 
     def to_json(self) -> list[dict[str, Any]]:
         """The durable JSON form of every event, in order."""
-        return [event_to_json(event) for event in self._events]
+        return [event_to_json(event) for event in self._awake()]
 
     def open_turn(self) -> int | None:
         """The number of a turn that started and has not ended, if any."""
-        for event in reversed(self._events):
+        for event in reversed(self._awake()):
             if isinstance(event.data, TurnEnd):
                 return None
             if isinstance(event.data, TurnStart):
@@ -359,14 +434,14 @@ class Session:
 
     def next_turn(self) -> int:
         """The number the next turn gets (0 for an empty log)."""
-        for event in reversed(self._events):
+        for event in reversed(self._awake()):
             if isinstance(event.data, TurnStart):
                 return event.data.turn + 1
         return 0
 
     def completed_turns(self) -> list[int]:
         """Numbers of turns that have a `turn/end`, in order."""
-        return [e.data.turn for e in self._events if isinstance(e.data, TurnEnd)]
+        return [e.data.turn for e in self._awake() if isinstance(e.data, TurnEnd)]
 
     async def fork(
         self, up_to_turn: int | None = None, *, session_id: str | None = None
@@ -380,6 +455,7 @@ class Session:
         Raises:
             SessionError: `up_to_turn` has not completed.
         """
+        await self.wake()
         completed = self.completed_turns()
         if up_to_turn is None:
             end = self._end_of_last_completed_turn()

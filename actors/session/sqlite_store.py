@@ -107,6 +107,9 @@ class SQLiteStoreStatistics:
         broken_sessions: sessions this store refuses to write (a failed or
             fenced append) until their lease is acquired again.
         leases_held: write leases this store object holds and renews.
+        renewal_failures: lease renewals that could not be written (each is
+            retried at the next period; a lease that expires meanwhile can
+            be taken over, and fencing then refuses this store's writes).
         commits: transactions committed by the writer.
         events_written: events committed by the writer.
         largest_batch: the most appends committed in one transaction.
@@ -117,6 +120,7 @@ class SQLiteStoreStatistics:
     failed_appends: int
     broken_sessions: int
     leases_held: int
+    renewal_failures: int
     commits: int
     events_written: int
     largest_batch: int
@@ -183,6 +187,7 @@ class SQLiteStore:
     _broken: dict[str, SessionError] = attrs.field(factory=dict, init=False)
     _held: dict[str, Lease] = attrs.field(factory=dict, init=False)
     _failed_appends: int = attrs.field(default=0, init=False)
+    _renewal_failures: int = attrs.field(default=0, init=False)
     _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
     _commits: int = attrs.field(default=0, init=False)
     _events_written: int = attrs.field(default=0, init=False)
@@ -435,6 +440,7 @@ class SQLiteStore:
             failed_appends=self._failed_appends,
             broken_sessions=len(self._broken),
             leases_held=len(self._held),
+            renewal_failures=self._renewal_failures,
             commits=self._commits,
             events_written=self._events_written,
             largest_batch=self._largest_batch,
@@ -630,6 +636,7 @@ class SQLiteStore:
         try:
             lost = await trio.to_thread.run_sync(_renew_leases, connection, held, expires_ms)
         except sqlite3.Error:
+            self._renewal_failures += 1
             return
         for lease in lost:
             if self._held.get(lease.session_id) == lease:
@@ -658,7 +665,11 @@ class SQLiteStore:
     def _connection(self, doing: str) -> Iterator[sqlite3.Connection]:
         """A fresh connection for `doing`, closed after; a raw `sqlite3.Error` becomes a
         `SessionError` naming the store and the work."""
-        with closing(self._connect()) as connection:
+        try:
+            opened = self._connect()
+        except SessionError as exc:
+            raise SessionError(f"{exc} (to {doing})") from exc
+        with closing(opened) as connection:
             try:
                 yield connection
             except sqlite3.Error as exc:
@@ -696,17 +707,13 @@ class SQLiteStore:
         return connection
 
     def _insert_session(self, session_id: str) -> None:
-        with closing(self._connect()) as connection:
+        with self._connection(f"create session {session_id!r}") as connection:
             try:
                 connection.execute("INSERT INTO sessions (id) VALUES (?)", (session_id,))
             except sqlite3.IntegrityError:
                 raise SessionExistsError(
                     f"session {session_id!r} already exists in {self._label}"
                 ) from None
-            except sqlite3.Error as exc:
-                raise SessionError(
-                    f"{self._label}: cannot create session {session_id!r}: {exc}"
-                ) from exc
 
     def _session_exists(self, session_id: str) -> bool:
         with self._connection(f"look up session {session_id!r}") as connection:

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import trio
 
-from actors.session.codec import event_from_json, event_to_json
+from actors.session.codec import event_from_json, event_to_shared_json
 from actors.session.durability import DurableMarks
 from actors.session.errors import SessionError
 from actors.session.events import Event
@@ -125,6 +125,10 @@ class SessionStore(Protocol):
 class MemoryStore:
     """An in-process store: durable for the life of the object, no writer task needed.
 
+    Events are kept in their JSON form, with the decoded tool schemas of
+    request headers shared between sessions (`event_to_shared_json`), so an
+    idle session's log costs what its own events hold.
+
     Leases never expire here: every holder lives in this process, and
     `open_agent` releases its lease however it exits.
     """
@@ -218,7 +222,7 @@ class MemoryStore:
                     f"session {session_id!r}: event {event.type} has seq {event.seq}, "
                     f"expected {len(log)}"
                 )
-            log.append(event_to_json(event))
+            log.append(event_to_shared_json(event))
         self._marks.advance(session_id, len(log) - 1)
 
     async def flush(self, session_id: str | None = None) -> None:

@@ -326,6 +326,11 @@ class Connection:
                 else:
                     self._inflight[message.id] = trio.CancelScope()
                     admitted.append((index, message))
+        if not admitted:
+            replies = [answer for answer in answers if answer is not None]
+            if replies:
+                self._put_control(dumps(replies))
+            return
         assert self._nursery is not None
         self._nursery.start_soon(self._answer_batch, answers, admitted)
 
@@ -403,6 +408,9 @@ class Connection:
             self._cursor_scopes.pop(key).cancel()
         with trio.move_on_after(0 if self._stalled else CLOSE_GRACE_SECONDS) as grace:
             try:
+                # Replies already queued go out before the close frame.
+                for frame in self.outbox.take_control_nowait():
+                    await self.transport.send(frame)
                 await self.transport.close(self._close_code, self._close_reason)
             except Exception:
                 grace.cancel()

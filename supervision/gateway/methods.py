@@ -38,6 +38,7 @@ from supervision.gateway.protocol import (
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     RpcError,
+    clip,
     structure_params,
 )
 
@@ -135,7 +136,7 @@ class MethodTable:
         if method is None or method.notification:
             return RpcError(
                 METHOD_NOT_FOUND,
-                f"unknown method {name!r}"
+                f"unknown method {clip(repr(name))}"
                 if method is None
                 else f"{name!r} is a notification; send it without an id",
             )

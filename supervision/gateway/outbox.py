@@ -98,6 +98,13 @@ class Outbox:
         self._space.set()
         return batch
 
+    def take_control_nowait(self) -> list[str]:
+        """Every queued control frame, removed (to flush replies before a close)."""
+        frames = list(self._control)
+        self._control.clear()
+        self.queued_frames -= len(frames)
+        return frames
+
     def close(self) -> None:
         """Refuse further frames and wake blocked cursors (they see `OutboxClosed`)."""
         self._closed = True

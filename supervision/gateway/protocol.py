@@ -38,6 +38,9 @@ MAX_BATCH = 32
 MAX_ID_LENGTH = 256
 """Longest string id accepted (a longer one is an invalid request)."""
 
+MAX_MESSAGE = 1000
+"""Longest error message sent; a longer one (quoting huge input) is cut, marked `…`."""
+
 JsonId = str | int | None
 """A JSON-RPC id: a string, an integer, or null (for errors that cannot name one)."""
 
@@ -52,6 +55,8 @@ class RpcError(Exception):
     """
 
     def __init__(self, code: int, message: str, data: Any = None, *, id: JsonId = None) -> None:
+        if len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE] + "…"
         super().__init__(message)
         self.code = code
         self.message = message
@@ -163,7 +168,7 @@ def _message(value: Any) -> Incoming:
     params = value.get("params", {})
     if not isinstance(params, dict):
         if "id" not in value or raw_id is None:
-            return RpcError(INVALID_PARAMS, f"params of {method!r} must be an object")
+            return RpcError(INVALID_PARAMS, f"params of {clip(repr(method))} must be an object")
         return RpcError(
             INVALID_PARAMS,
             f"params of {method!r} must be an object",
@@ -188,9 +193,22 @@ def _valid_id(value: Any) -> bool:
 # -- encoding -------------------------------------------------------------
 
 
+MAX_QUOTED = 200
+"""Longest piece of client input an error message quotes (longer input is cut, marked `…`)."""
+
+
+def clip(text: str) -> str:
+    """`text`, cut to `MAX_QUOTED` characters, so no answer echoes unbounded input."""
+    return text if len(text) <= MAX_QUOTED else text[:MAX_QUOTED] + "…"
+
+
 def dumps(message: Any) -> str:
-    """Compact JSON text of one outgoing message (or batch)."""
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Compact JSON text of one outgoing message (or batch), ASCII-only.
+
+    ASCII escapes keep any text encodable, even a lone surrogate a client
+    sent in a method name that an error message now quotes.
+    """
+    return json.dumps(message, separators=(",", ":"), allow_nan=False)
 
 
 def response(id: JsonId, result: Any) -> dict[str, Any]:
@@ -274,6 +292,7 @@ def structure_params(method: str, params: Mapping[str, Any], cls: type[T]) -> T:
         return converter.structure(dict(params), cls)
     except Exception as exc:  # cattrs raises a tree of validation errors
         path, reason = _first_failure(exc)
+        path, reason = clip(path), clip(reason)
         raise invalid_params(
             path, "invalid", f"invalid params of {method!r} at {path or '/'}: {reason}"
         ) from None

@@ -82,6 +82,7 @@ class Gateway:
     _claims: dict[str, set[int]] = attrs.field(factory=dict)
     _started: float = attrs.field(factory=trio.current_time)
     _closed_frames: int = 0
+    _slow_consumer_closed: trio.Event = attrs.field(factory=trio.Event)
 
     @property
     def url(self) -> str:
@@ -114,6 +115,17 @@ class Gateway:
     def count_slow_consumer(self) -> None:
         """Count one connection closed (4008) for not keeping up."""
         self.slow_consumer_closes += 1
+        self._slow_consumer_closed.set()
+        self._slow_consumer_closed = trio.Event()
+
+    async def wait_slow_consumer_closes(self, count: int) -> None:
+        """Return once at least `count` connections were closed as slow consumers.
+
+        Cancellation: cancellable; nothing is affected.
+        """
+        while self.slow_consumer_closes < count:
+            await self._slow_consumer_closed.wait()
+        await trio.lowlevel.checkpoint()
 
     # -- prompts' turns ----------------------------------------------------------
 

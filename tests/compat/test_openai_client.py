@@ -232,6 +232,12 @@ async def test_a_forced_function_and_json_output(client: openai.AsyncOpenAI) -> 
         ({"max_tokens": 9000}, openai.BadRequestError, 400, "valid range of max_tokens"),
         ({"temperature": 3}, openai.BadRequestError, 400, "valid range of temperature"),
         ({"tool_choice": "required"}, openai.BadRequestError, 400, "needs tools"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            openai.BadRequestError,
+            400,
+            "response_format type is unavailable",
+        ),
         ({"messages": []}, openai.UnprocessableEntityError, 422, "messages must be a non-empty"),
     ],
 )

@@ -172,21 +172,25 @@ async def connect(
     message_queue_size: int = 64,
 ) -> AsyncIterator[RpcClient]:
     """A client connected to `gateway` with a reader task; initialized unless told not to."""
-    async with (
-        trio.open_nursery() as nursery,
-        trio_websocket.open_websocket(
-            gateway.host,
-            gateway.port,
-            "/acp",
-            use_ssl=False,
-            extra_headers=[(k.encode(), v.encode()) for k, v in headers],
-            subprotocols=subprotocols,
-            message_queue_size=message_queue_size,
-        ) as ws,
-    ):
-        client = RpcClient(ws=ws)
-        nursery.start_soon(client.pump)
-        if initialize:
-            await client.call("initialize", {"protocolVersion": 1})
-        yield client
-        nursery.cancel_scope.cancel()
+    stream = await trio.open_tcp_stream(gateway.host, gateway.port)
+    try:
+        async with trio.open_nursery() as nursery:
+            ws = await trio_websocket.wrap_client_stream(
+                nursery,
+                stream,
+                gateway.host,
+                "/acp",
+                extra_headers=[(k.encode(), v.encode()) for k, v in headers],
+                subprotocols=subprotocols,
+                message_queue_size=message_queue_size,
+            )
+            client = RpcClient(ws=ws)
+            nursery.start_soon(client.pump)
+            if initialize:
+                await client.call("initialize", {"protocolVersion": 1})
+            yield client
+            with trio.move_on_after(1):
+                await ws.aclose()
+            nursery.cancel_scope.cancel()
+    finally:
+        await trio.aclose_forcefully(stream)

@@ -107,9 +107,7 @@ async def test_fifty_supervisors_get_everything_and_a_stalled_reader_is_closed_4
                     before = [len(agent.session) for agent in agents]
                     await _run_turns(agents, "with a stalled reader")
                     with_stalled = _step_latencies_ms(agents, before)
-                    # The test waits out the write deadline (the gateway has no event for it).
-                    while gateway.statistics().slow_consumer_closes == 0:  # noqa: ASYNC110
-                        await trio.sleep(0.05)
+                    await gateway.wait_slow_consumer_closes(1)
                     nursery.cancel_scope.cancel()
                 await trio.aclose_forcefully(stream)
 

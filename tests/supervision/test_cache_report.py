@@ -7,6 +7,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from actors.agent import AgentOptions, Tool, open_agent
 from actors.messages import Message
 from actors.prompt import AssembleContext, PromptAssembly, PromptSection, SystemPrompt
@@ -195,3 +198,50 @@ def test_a_changed_config_breaks_the_config_lane() -> None:
     common, brk = find_break(before, after)
     assert brk is not None and brk.lane == "config"
     assert brk.offset == common == len('{"config":{"model":"')
+
+
+json_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8)
+tools = st.lists(
+    st.builds(lambda n, d: {"name": n, "description": d, "parameters": {}}, json_text, json_text),
+    max_size=3,
+)
+messages = st.lists(
+    st.builds(
+        lambda role, text: {"role": role, "content": [{"type": "text", "text": text}]},
+        st.sampled_from(["user", "assistant"]),
+        json_text,
+    ),
+    max_size=4,
+)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> dict[str, Any]:
+    out: dict[str, Any] = {"config": {"model": draw(json_text)}}
+    if draw(st.booleans()):
+        out["system"] = draw(json_text)
+    chosen = draw(tools)
+    if chosen:
+        out["tools"] = chosen
+    out["messages"] = draw(messages)
+    return out
+
+
+@given(requests(), requests())
+def test_the_break_is_the_first_differing_byte_in_the_lane_that_holds_it(
+    before: dict[str, Any], after: dict[str, Any]
+) -> None:
+    common, brk = find_break(before, after)
+    a, b = dumps(before), dumps(after)
+    if b.startswith(a[:-2]):
+        assert brk is None and common == len(a) - 2
+        return
+    assert brk is not None and brk.offset == common == first_difference(a, b)
+    if brk.lane == "config":
+        assert a[:common].count(b'"system"') == 0 and b'"tools"' not in a[:common]
+    if brk.lane == "tool":
+        names = {t["name"] for t in before.get("tools", []) + after.get("tools", [])}
+        assert brk.tool in names
+    if brk.lane == "message":
+        assert brk.message_index is not None
+        assert brk.message_index < max(len(before["messages"]), len(after["messages"]), 1)

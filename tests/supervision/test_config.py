@@ -141,8 +141,8 @@ def test_import_path_to_a_missing_attribute(tmp_path: Path) -> None:
 
 
 def test_import_path_to_something_that_is_not_a_tool(tmp_path: Path) -> None:
-    message = error_of(tmp_path, MINIMAL + 'tools = ["supervision.config:load_config"]\n')
-    assert "'supervision.config:load_config' names a function, not a Tool" in message
+    message = error_of(tmp_path, MINIMAL + 'tools = ["supervision.config:DEFAULT_AGENT"]\n')
+    assert "'supervision.config:DEFAULT_AGENT' names a str, not a Tool or a function" in message
 
 
 def test_malformed_import_path(tmp_path: Path) -> None:
@@ -255,3 +255,41 @@ async def test_profiles_get_their_persona_tools_and_order_and_children_theirs() 
         assert "You are a worker" in (child_header.header.system or "")
         assert [t.name for t in child_header.header.tools] == ["list_files", "read_file"]
         assert deployment.profile_of(agent.session.id) == "orchestrator"
+
+
+async def test_subagents_are_reported_with_their_parent_and_profile() -> None:
+    config = load_config(EXAMPLE)
+    async with open_deployment(config, store_path="memory") as deployment:
+        seen: list[tuple[str, str, str]] = []
+        deployment.on_child(lambda child, parent, profile: seen.append((child, parent, profile)))
+        agent = (await deployment.start_agent("orchestrator")).value
+        agent.followup('go\ncall subagent {"prompt": "hello"}')
+        with trio.fail_after(30):
+            await agent.when_idle()
+        ((child, parent, profile),) = seen
+        assert parent == agent.session.id and profile == "worker"
+        assert deployment.parent_of(child) == agent.session.id
+        assert deployment.profile_of(child) == "worker"
+        assert deployment.parent_of(agent.session.id) is None
+
+
+def test_a_plain_function_becomes_a_function_tool(tmp_path: Path) -> None:
+    package = tmp_path / "usertools"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "def search(query: str, limit: int = 5) -> str:\n"
+        '    """Search the notes.\n\n    Args:\n        query: What to look for.\n    """\n'
+        "    return query\n\n"
+        "def broken(value: complex) -> str:\n    return ''\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        config = load_config(write(tmp_path, MINIMAL + 'tools = ["usertools:search"]\n'))
+        (ref,) = config.agent("default").tools
+        assert ref.tool.name == "search" and ref.tool.description == "Search the notes."
+        assert ref.tool.parameters["required"] == ("query",)
+        message = error_of(tmp_path, MINIMAL + 'tools = ["usertools:broken"]\n')
+        assert "agents.default.tools[0]" in message and "'usertools:broken'" in message
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("usertools", None)
