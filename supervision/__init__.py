@@ -1,5 +1,6 @@
 """Supervision: who owns and watches the actors (runtime, supervisors, subagents)."""
 
+from .runtime import MissingModelError as MissingModelError
 from .runtime import RegistryChange as RegistryChange
 from .runtime import RegistryService as RegistryService
 from .runtime import RegistryStatistics as RegistryStatistics

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from actors.session.events import (
     RequestHeaderLogged,
     StepStart,
     ToolResult,
+    TurnEnd,
     UserMessage,
 )
 
@@ -140,11 +141,18 @@ class DemoReport:
     rebuilt: int
     requests: int
     store_path: str
+    failure: str | None = None
+    """Why the demo failed (the first turn that did not complete), or None."""
 
     @property
     def rebuilt_all(self) -> bool:
         """True when every request was reproduced byte for byte."""
         return self.rebuilt == self.requests
+
+    @property
+    def ok(self) -> bool:
+        """True when every turn completed and every request was rebuilt byte for byte."""
+        return self.failure is None and self.rebuilt_all
 
 
 def physical_limit(rows: tuple[RequestRow, ...]) -> float:
@@ -158,6 +166,26 @@ def physical_limit(rows: tuple[RequestRow, ...]) -> float:
         return 0.0
     reusable = sum(max(0, row.prompt_tokens - row.appended_tokens) for row in rows[1:])
     return reusable / total
+
+
+def turn_failure(events: Sequence[Event]) -> str | None:
+    """Why the last turn of `events` failed (its `turn/end` reason), or None if it answered.
+
+    A turn that ended `completed` or `max-tokens` answered; `error`,
+    `blocked`, `aborted` and `interrupted` did not.
+    """
+    for event in reversed(events):
+        data = event.data
+        if isinstance(data, TurnEnd):
+            turn, reason = data.turn, data.reason
+            if reason.kind in ("completed", "max-tokens"):
+                return None
+            if reason.error is not None:
+                error = reason.error
+                status = f", HTTP {error.status}" if error.status is not None else ""
+                return f"turn {turn} failed ({error.code}{status}): {error.message}"
+            return f"turn {turn} ended {reason.kind}"
+    return "no turn ended"
 
 
 def _dump(request: GenerateRequest) -> str:
@@ -203,32 +231,44 @@ async def run_demo(
     *,
     store_path: Path = DEFAULT_STORE,
     api_key: str | None = None,
+    base_url: str | None = None,
     out: Callable[[str], None] = print,
+    model: str = DEMO_MODEL,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
 ) -> DemoReport:
     """Run the demo and return what it measured.
 
-    With `api_key` the agent talks to DeepSeek; without, to a simulator
-    started in-process on an ephemeral loopback port. The session is stored
-    in SQLite at `store_path` (a fresh session each run).
+    With `base_url` the agent talks to that OpenAI-compatible server (with
+    `api_key`, if any); else with `api_key` to DeepSeek; else to a simulator
+    started in-process on an ephemeral loopback port. `model`, `max_tokens`
+    and `temperature` go into every request. The session is stored in SQLite
+    at `store_path` (a fresh session each run). The first turn that does not
+    complete (a refused key, no route to the API, retries exhausted) stops
+    the demo: the report's `failure` says why, and the summary ends with
+    `FAILED` instead of `OK`.
 
     Cancellation: cancelling stops the agent (its live turn ends aborted)
     and the simulator; committed events stay in the store.
     """
     store_path.parent.mkdir(parents=True, exist_ok=True)
     async with trio.open_nursery() as nursery:
-        if api_key is None:
+        if base_url is not None:
+            url, key = base_url, api_key
+            out(f"using the model server at {url}")
+        elif api_key is None:
             engine = SimulatorEngine()
-            base_url: str = await nursery.start(serve_simulator, engine)
+            url = await nursery.start(serve_simulator, engine)
             key = engine.config.api_key
-            out(f"simulator listening on {base_url}")
+            out(f"simulator listening on {url}")
         else:
-            base_url, key = DEEPSEEK_BASE_URL, api_key
-            out(f"using the DeepSeek API at {base_url}")
+            url, key = DEEPSEEK_BASE_URL, api_key
+            out(f"using the DeepSeek API at {url}")
         recorder: list[RecordingProvider] = []
 
         def factory(client: httpx.AsyncClient) -> Provider:
             recorder.append(
-                RecordingProvider(OpenAICompatProvider(client, base_url=base_url, api_key=key))
+                RecordingProvider(OpenAICompatProvider(client, base_url=url, api_key=key))
             )
             return recorder[-1]
 
@@ -242,7 +282,10 @@ async def run_demo(
         policies = Policies()
         policies.install(prompt)
         rows: list[RequestRow] = []
-        options = AgentOptions(model=DEMO_MODEL, provider_name="deepseek")
+        failure: str | None = None
+        options = AgentOptions(
+            model=model, provider_name="deepseek", max_tokens=max_tokens, temperature=temperature
+        )
         async with open_agent(
             system_prompt=prompt, provider=actor, options=options, store=store, tools=DEMO_TOOLS
         ) as agent:
@@ -255,6 +298,10 @@ async def run_demo(
                         policies.set_sandbox("read-only")
                     agent.followup(text)
                     await agent.when_idle()
+                    failure = turn_failure(agent.session.events)
+                    if failure is not None:
+                        out(f"{failure}; stopping")
+                        break
             session_id = agent.session.id
         await store.flush()
         stored = await store.load(session_id)
@@ -276,6 +323,7 @@ async def run_demo(
         rebuilt=rebuilt,
         requests=len(sent),
         store_path=str(store_path),
+        failure=failure,
     )
     out(
         f"overall cache hit ratio {report.hit_ratio:.1%} "
@@ -285,6 +333,7 @@ async def run_demo(
         f"rebuild_request reproduced {report.rebuilt}/{report.requests} requests byte for byte "
         f"from the stored log: {'OK' if report.rebuilt_all else 'MISMATCH'}"
     )
+    out("OK" if report.ok else f"FAILED: {report.failure or 'a request was not rebuilt'}")
     return report
 
 

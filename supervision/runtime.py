@@ -19,6 +19,7 @@ import attrs
 import trio
 
 from actors.agent import Agent, AgentOptions, Tool, open_agent
+from actors.boundary import one_exception
 from actors.prompt import PromptSection, PromptStatistics, SystemPrompt
 from actors.prompt import RegistryChange as RegistryChange
 from actors.prompt import RegistryService as RegistryService
@@ -47,6 +48,10 @@ SHUTDOWN_GRACE_SECONDS = 60.0
 
 class UnknownProviderError(SupervisionError):
     """An agent asked for a provider name the runtime was not configured with."""
+
+
+class MissingModelError(SupervisionError):
+    """An agent was started with no model: no `options` and no runtime `default_options`."""
 
 
 class ShutdownError(SupervisionError):
@@ -117,6 +122,8 @@ class Runtime:
     registry: RegistryService
     _clock: WallClock
     _services: list[_Service]
+    default_options: AgentOptions | None = None
+    """What `start_agent` uses when it is given no `options` (None: options are required)."""
 
     def registry_changes(self) -> AbstractAsyncContextManager[RegistrySubscription]:
         """An async context manager yielding a coalescing channel of registry changes.
@@ -139,7 +146,9 @@ class Runtime:
     ) -> Child[Agent]:
         """Start an agent actor under the root supervisor; returns once it accepts input.
 
-        The agent runs `self.providers[options.provider_name]` over the
+        `options` names the model (and provider); without it the runtime's
+        `default_options` apply, and with neither the call fails: there is
+        no placeholder model. The agent runs `self.providers[options.provider_name]` over the
         session `session_id` (a new id when None; an existing one resumes),
         with its scope's parent the runtime scope, `tools`, and the given
         subagent providers activated. `setup(agent)` runs before the agent
@@ -155,12 +164,18 @@ class Runtime:
         Cancellation: cancellable while the agent starts (nothing is kept).
 
         Raises:
+            MissingModelError: no `options` and no runtime `default_options`.
             UnknownProviderError: no provider has that name.
             ChildStartError: the agent failed to start (`setup` raised, the
                 session could not be opened).
             NotRunningError: the runtime is shutting down.
         """
-        options = options or AgentOptions(model="m")
+        options = options or self.default_options
+        if options is None:
+            raise MissingModelError(
+                f"runtime {self.name!r}: start_agent needs options=AgentOptions(model=...) "
+                "naming the model (or open_runtime(default_options=...)); there is no default model"
+            )
         provider = self.providers.get(options.provider_name)
         if provider is None:
             raise UnknownProviderError(
@@ -257,6 +272,7 @@ async def open_runtime(
     max_restarts: int = 3,
     restart_period: float = 5.0,
     clock: WallClock = system_clock_ms,
+    default_options: AgentOptions | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the root nursery, start the runtime's services and yield the `Runtime`.
 
@@ -265,7 +281,8 @@ async def open_runtime(
     provider that has a `serve` method (e.g. a `ProviderActor`); the root
     supervisor (`strategy`, at most `max_restarts` restarts within
     `restart_period` seconds). `sections` (deployment-wide guidance) are
-    registered in the global layer for the runtime's life.
+    registered in the global layer for the runtime's life. `default_options`
+    is what `start_agent` uses when given no options (a configured profile).
 
     Leaving the context stops everything in reverse order, shielded: the
     supervisor terminates every agent (a live turn ends aborted, cause
@@ -274,9 +291,13 @@ async def open_runtime(
     removed and the runtime scope is closed. So no event an agent appended
     is lost.
 
+    Every error leaves as one exception (never an `ExceptionGroup`); the
+    body's own exceptions propagate unchanged.
+
     Raises:
-        RestartIntensityError: (in an exception group, from the root
-            nursery) the root supervisor gave up; the body is cancelled.
+        RestartIntensityError: the root supervisor gave up; the body is cancelled.
+        SessionError: the store cannot be opened (the message names its path).
+        ProviderError: a provider cannot start (e.g. a malformed base URL).
         ShutdownError: the services did not stop within
             `SHUTDOWN_GRACE_SECONDS`.
         PromptError: a section is invalid or already registered.
@@ -291,46 +312,48 @@ async def open_runtime(
     services: list[_Service] = []
     guidance: list[Registration] = []
     stuck: list[str] = []
-    async with trio.open_nursery() as nursery:
+    with one_exception():
+        async with trio.open_nursery() as nursery:
 
-        async def start(service_name: str, serve: Callable[..., Awaitable[None]]) -> None:
-            service = _Service(name=service_name)
-            services.append(service)
-            await nursery.start(service.run, serve)
+            async def start(service_name: str, serve: Callable[..., Awaitable[None]]) -> None:
+                service = _Service(name=service_name)
+                services.append(service)
+                await nursery.start(service.run, serve)
 
-        try:
-            await start("registry", registry.serve)
-            if not store.running:
-                await start("store", store.serve)
-            for provider_name, provider in providers.items():
-                if isinstance(provider, _Served):
-                    await start(f"provider:{provider_name}", provider.serve)
-            await start("supervisor", supervisor.serve)
-            guidance.extend(system_prompt.section(section) for section in sections)
-            yield Runtime(
-                name=name,
-                scope=scope,
-                system_prompt=system_prompt,
-                store=store,
-                providers=providers,
-                supervisor=supervisor,
-                registry=registry,
-                clock=clock,
-                services=services,
-            )
-        finally:
             try:
-                with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
-                    for service in reversed(services):
-                        await service.stop()
-                        if service.name == "supervisor":
-                            await store.flush()
-                stuck = [s.name for s in services if s.stopping and not s.done.is_set()]
+                await start("registry", registry.serve)
+                if not store.running:
+                    await start("store", store.serve)
+                for provider_name, provider in providers.items():
+                    if isinstance(provider, _Served):
+                        await start(f"provider:{provider_name}", provider.serve)
+                await start("supervisor", supervisor.serve)
+                guidance.extend(system_prompt.section(section) for section in sections)
+                yield Runtime(
+                    name=name,
+                    scope=scope,
+                    system_prompt=system_prompt,
+                    store=store,
+                    providers=providers,
+                    supervisor=supervisor,
+                    registry=registry,
+                    clock=clock,
+                    services=services,
+                    default_options=default_options,
+                )
             finally:
-                for registration in guidance:
-                    registration.dispose()
-                scope.close()
-                nursery.cancel_scope.cancel()
+                try:
+                    with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+                        for service in reversed(services):
+                            await service.stop()
+                            if service.name == "supervisor":
+                                await store.flush()
+                    stuck = [s.name for s in services if s.stopping and not s.done.is_set()]
+                finally:
+                    for registration in guidance:
+                        registration.dispose()
+                    scope.close()
+                    nursery.cancel_scope.cancel()
     if stuck:
         raise ShutdownError(
             f"runtime {name!r}: services did not stop within {SHUTDOWN_GRACE_SECONDS}s: {stuck}"

@@ -18,6 +18,12 @@ terminated this way that is `temporary` is removed, not restarted.
 At most `max_restarts` restarts may happen within `period` seconds (read
 with `trio.current_time()`); one more makes the supervisor terminate every
 child and fail to its owner with `RestartIntensityError`.
+
+A child is a failure boundary: anything it raises is a crash of that child
+(`BaseException`s such as `SystemExit` included), recorded as its exit
+reason and handled by the strategy; it never reaches the supervisor's other
+children. Only `trio.Cancelled` and `KeyboardInterrupt` (or a group holding
+one) propagate, as `actors.containment` says.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar, cast, ge
 
 import attrs
 import trio
+
+from actors.containment import must_propagate
 
 RestartType: TypeAlias = Literal["permanent", "transient", "temporary"]
 Strategy: TypeAlias = Literal["one_for_one", "one_for_all", "rest_for_one"]
@@ -114,7 +122,7 @@ class ChildExit:
     """
 
     reason: ExitReason
-    error: Exception | None = None
+    error: BaseException | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -151,7 +159,7 @@ class _Incarnation:
     started: bool = False
     terminating: bool = False
     value: object = None
-    error: Exception | None = None
+    error: BaseException | None = None
 
 
 @attrs.define(eq=False)
@@ -434,7 +442,9 @@ class Supervisor:
             try:
                 await self._start_incarnation(child)
                 started = True
-            except Exception as exc:
+            except BaseException as exc:  # a failed start is the child's failure
+                if must_propagate(exc):
+                    raise
                 raise ChildStartError(
                     f"child {spec.id!r} of supervisor {self.name!r} failed to start: {exc!r}"
                 ) from exc
@@ -490,7 +500,10 @@ class Supervisor:
                 self._crashes += 1
             restart = child.spec.restart
             if restart == "temporary" or (restart == "transient" and error is None):
-                self._remove(child, ChildExit(reason="crashed" if error else "normal", error=error))
+                self._remove(
+                    child,
+                    ChildExit(reason="normal" if error is None else "crashed", error=error),
+                )
                 return None
             failure = self._count_restart(child, error)
             if failure is not None:
@@ -519,7 +532,7 @@ class Supervisor:
         return [t for t in self._restart_times if now - t < self.period]
 
     def _count_restart(
-        self, child: Child[Any], error: Exception | None
+        self, child: Child[Any], error: BaseException | None
     ) -> RestartIntensityError | None:
         now = trio.current_time()
         self._restart_times = self._window(now)
@@ -541,7 +554,9 @@ class Supervisor:
             try:
                 await self._start_incarnation(child)
                 return None
-            except Exception as exc:
+            except BaseException as exc:  # a failed restart is the child's failure
+                if must_propagate(exc):
+                    raise
                 self._crashes += 1
                 failure = self._count_restart(child, exc)
                 if failure is not None:
@@ -566,7 +581,9 @@ class Supervisor:
         try:
             with incarnation.cancel_scope:
                 await child.spec.start(task_status=relay)
-        except Exception as exc:
+        except BaseException as exc:  # a child is a failure boundary: see actors.containment
+            if must_propagate(exc):
+                raise
             incarnation.error = exc
             if not incarnation.started:
                 raise
@@ -591,7 +608,7 @@ class Supervisor:
             return ChildExit(reason="terminated")
         if incarnation.done.is_set():
             error = incarnation.error
-            return ChildExit(reason="crashed" if error else "normal", error=error)
+            return ChildExit(reason="normal" if error is None else "crashed", error=error)
         incarnation.terminating = True
         incarnation.cancel_scope.cancel()
         await incarnation.done.wait()
@@ -606,7 +623,9 @@ class Supervisor:
             self._remove(child, ChildExit(reason="terminated"))
             return
         error = incarnation.error if incarnation is not None else None
-        self._remove(child, ChildExit(reason="crashed" if error else "terminated", error=error))
+        self._remove(
+            child, ChildExit(reason="terminated" if error is None else "crashed", error=error)
+        )
 
     def _remove(self, child: Child[Any], exit: ChildExit) -> None:
         if child in self._children:

@@ -8,8 +8,14 @@ from actors.agent.decisions import Enter as Enter
 from actors.agent.decisions import Reject as Reject
 from actors.agent.decisions import Retry as Retry
 from actors.agent.decisions import StepProposal as StepProposal
+from actors.agent.function_tool import function_tool as function_tool
 from actors.agent.inspect import StepInspection as StepInspection
 from actors.agent.options import AgentOptions as AgentOptions
 from actors.agent.options import RetryPolicy as RetryPolicy
+from actors.agent.result import AgentClosedError as AgentClosedError
+from actors.agent.result import TurnFailedError as TurnFailedError
+from actors.agent.result import TurnResult as TurnResult
 from actors.agent.tools import Tool as Tool
 from actors.agent.tools import ToolRegistry as ToolRegistry
+from actors.agent.validation import InvalidArguments as InvalidArguments
+from actors.agent.validation import ToolSchemaError as ToolSchemaError

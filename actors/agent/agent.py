@@ -16,12 +16,23 @@ from actors.agent.inbox import Inbox, InboxStatistics
 from actors.agent.inspect import StepInspection, inspect_next_step
 from actors.agent.loop import WRITE_GRACE_SECONDS, AbortCause, AgentLoop, LoopStatistics
 from actors.agent.options import AgentOptions
+from actors.agent.result import (
+    AgentClosedError,
+    TurnFailedError,
+    TurnResult,
+    failure_message,
+    turn_result,
+)
 from actors.agent.tools import Tool, ToolRegistry
+from actors.boundary import one_exception
 from actors.messages import Message
 from actors.prompt import SystemPrompt
 from actors.providers.base import Provider
 from actors.scope import Registration, Scope
-from actors.session.session import Session, WallClock, system_clock_ms
+from actors.session.errors import SessionError
+from actors.session.events import TurnEnd, TurnEndReason, TurnStart
+from actors.session.lease import Lease
+from actors.session.session import Session, WallClock, new_session_id, system_clock_ms
 from actors.session.store import MemoryStore, SessionStore
 
 INBOX_CAPACITY = 1024
@@ -48,6 +59,21 @@ class AgentStatistics:
     pending_commands: int
     inbox: InboxStatistics
     loop: LoopStatistics
+
+
+@attrs.define(eq=False)
+class _RunWaiter:
+    """One `run()` call waiting for the turn that takes its message."""
+
+    message: Message
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: TurnResult | None = None
+    error: Exception | None = None
+
+    def settle(self, result: TurnResult | None = None, error: Exception | None = None) -> None:
+        if not self.done.is_set():
+            self.result, self.error = result, error
+            self.done.set()
 
 
 def _as_message(value: str | Message) -> Message:
@@ -85,6 +111,8 @@ class Agent:
     _turn_scope: trio.CancelScope | None = None
     _idle: trio.Event = attrs.field(factory=trio.Event)
     _turn_done: trio.Event = attrs.field(factory=trio.Event)
+    _closed: bool = False
+    _waiters: dict[int, _RunWaiter] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self._idle.set()
@@ -110,19 +138,69 @@ class Agent:
         """The agent's tools (their schemas feed the prompt)."""
         return self._loop.tools
 
+    @property
+    def provider(self) -> Provider:
+        """The provider the agent's requests go to."""
+        return self._loop.provider
+
+    @property
+    def closed(self) -> bool:
+        """True once `open_agent` has exited: input then raises `AgentClosedError`."""
+        return self._closed
+
     # -- input ------------------------------------------------------------
 
     def followup(self, text_or_message: str | Message) -> None:
-        """Queue input for a turn of its own and wake the agent."""
+        """Queue input for a turn of its own and wake the agent.
+
+        Raises:
+            AgentClosedError: the agent's `open_agent` has exited.
+        """
         self._submit("next-turn", text_or_message, wakes=True)
 
     def steer(self, text_or_message: str | Message) -> None:
-        """Queue input for the next step and wake the agent."""
+        """Queue input for the next step and wake the agent.
+
+        Raises:
+            AgentClosedError: the agent's `open_agent` has exited.
+        """
         self._submit("next-step", text_or_message, wakes=True)
 
     def inject(self, text_or_message: str | Message) -> None:
-        """Queue input for the next step without waking the agent."""
+        """Queue input for the next step without waking the agent.
+
+        Raises:
+            AgentClosedError: the agent's `open_agent` has exited.
+        """
         self._submit("next-step", text_or_message, wakes=False)
+
+    async def run(self, text_or_message: str | Message) -> TurnResult:
+        """Queue `text_or_message` as a `followup` and wait for the end of the turn that takes it.
+
+        Returns the `TurnResult` when that turn ends "completed" or
+        "max-tokens".
+
+        Cancellation: cancelling stops the wait only; the queued input still
+        gets its turn.
+
+        Raises:
+            TurnFailedError: the turn ended "error", "blocked" or "aborted",
+                or the input was dropped by `cancel()` before a turn took it.
+            AgentClosedError: the agent was closed before (or while) the
+                input waited for a turn.
+        """
+        message = attrs.evolve(_as_message(text_or_message))  # a distinct object to wait on
+        waiter = _RunWaiter(message=message)
+        self._submit("next-turn", message, wakes=True)
+        self._waiters[id(message)] = waiter
+        try:
+            await waiter.done.wait()
+        finally:
+            del self._waiters[id(message)]
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.result is not None
+        return waiter.result
 
     def cancel(self, keep_inbox: bool = False) -> None:
         """Abort the live turn (`turn/end` aborted, reason user).
@@ -142,6 +220,18 @@ class Agent:
         if not keep_inbox:
             self._dropped_below = self._generation
             self._loop.inbox.clear()
+            live = self._loop.turn_message if self._turn_scope is not None else None
+            dropped = TurnEndReason.aborted(cause)
+            for waiter in self._waiters.values():
+                if waiter.message is not live:
+                    waiter.settle(
+                        error=TurnFailedError(
+                            failure_message(self.session.id, None, dropped)
+                            + "; the input was dropped before a turn took it",
+                            reason=dropped,
+                            turn=None,
+                        )
+                    )
         self._parked = True
         self._wake_requested = False
         with contextlib.suppress(trio.WouldBlock):
@@ -155,6 +245,11 @@ class Agent:
     def _submit(
         self, kind: Literal["next-turn", "next-step"], value: str | Message, *, wakes: bool
     ) -> None:
+        if self._closed:
+            raise AgentClosedError(
+                f"agent of session {self.session.id!r} is closed (its open_agent has exited); "
+                "the input was not queued"
+            )
         command = _Command(
             kind=kind, message=_as_message(value), wakes=wakes, generation=self._generation
         )
@@ -258,21 +353,67 @@ class Agent:
             self._running = True
             self._refresh_idle()
             try:
+                await self.session.wake()
                 while self._loop.inbox.has_turn_work() and not self._parked:
                     await self._run_one_turn()
+                if self._loop.options.hibernate:
+                    await self._hibernate()
             finally:
                 self._running = False
                 self._refresh_idle()
 
+    async def _hibernate(self) -> None:
+        """Make the log durable and let the session release it until the next wake.
+
+        A store that fails to flush leaves the session awake: the failure is
+        the store's, and the next append reports it as that turn's error.
+        """
+        try:
+            await self.session.flush()
+        except SessionError:
+            return
+        self.session.hibernate()
+
     async def _run_one_turn(self) -> None:
         self._turn_done = trio.Event()
+        start = len(self.session)
         try:
             with trio.CancelScope() as scope:
                 self._turn_scope = scope
                 await self._loop.run_turn(on_parked=self._park)
         finally:
             self._turn_scope = None
+            self._settle_run(start)
             self._turn_done.set()
+
+    def _settle_run(self, start: int) -> None:
+        """Hand the turn that began at seq `start` to the `run()` waiting for its message."""
+        message = self._loop.turn_message
+        waiter = self._waiters.get(id(message)) if message is not None else None
+        if waiter is None or waiter.message is not message:
+            return
+        events = self.session.events_since(start)
+        first = next((i for i, e in enumerate(events) if isinstance(e.data, TurnStart)), None)
+        last = next((i for i, e in enumerate(events) if isinstance(e.data, TurnEnd)), None)
+        if first is None or last is None:
+            return  # the log broke; closing the agent settles the waiter
+        try:
+            waiter.settle(result=turn_result(self.session.id, events[first : last + 1]))
+        except TurnFailedError as failed:
+            waiter.settle(error=failed)
+
+    def close(self) -> None:
+        """Refuse further input and fail every `run()` still waiting (`AgentClosedError`).
+
+        Called by `open_agent` when it exits; idempotent.
+        """
+        self._closed = True
+        for waiter in self._waiters.values():
+            waiter.settle(
+                error=AgentClosedError(
+                    f"agent of session {self.session.id!r} was closed before its input got a turn"
+                )
+            )
 
     def _park(self) -> None:
         self._parked = True
@@ -282,6 +423,7 @@ class Agent:
 
         Cancellation: shielded internally for at most the write grace period.
         """
+        self._parked = True  # no further turn starts while the agent closes
         if self._turn_scope is not None:
             self._loop.abort_cause = "disposed"
             self._turn_scope.cancel()
@@ -307,20 +449,74 @@ async def open_agent(
     `store=None` uses a fresh `MemoryStore`; a store whose writer is not
     running is served by this agent's nursery for its lifetime. An existing
     `session_id` resumes that session (a turn left open by a crash is closed
-    `interrupted`). The agent's scope is a child of `scope`; the variables
-    `model` and `provider` and the agent's tools are registered in it.
+    `interrupted`, every unanswered tool call answered `Interrupted`). The
+    agent's scope is a child of `scope`; the variables `model` and
+    `provider` and the agent's tools are registered in it.
+
+    The agent is the session's one writer: it takes the session's lease
+    first (before anything is loaded or accepted) and gives it up when the
+    context exits, after its last events are durable.
 
     Leaving the context aborts a live turn (`turn/end` aborted, reason
-    "disposed"), closes the agent's scope and cancels its tasks. An
-    exception from the agent's tasks (a bug or a broken log, never a failed
-    turn) propagates out of the context.
+    "disposed"), closes the agent's scope and cancels its tasks; from then
+    on `followup`, `steer`, `inject` and `run` raise `AgentClosedError`.
+    An exception from the agent's tasks (a bug or a broken log, never a
+    failed turn) or from the body propagates out of the context as that one
+    exception, never as an `ExceptionGroup`.
+
+    Raises:
+        SessionBusyError: another live writer holds the session (the
+            message names it); raised before the agent accepts input.
+        SessionError: the store cannot be opened (the message names its
+            path) or the session cannot be loaded.
     """
     options = options or AgentOptions(model="m")
     store = store or MemoryStore()
+    sid = session_id or new_session_id()
+    with one_exception():
+        lease = await store.acquire_lease(sid)
+        try:
+            async with _serving_agent(
+                store=store,
+                session_id=sid,
+                lease=lease,
+                system_prompt=system_prompt,
+                provider=provider,
+                options=options,
+                tools=tools,
+                scope=scope,
+                clock=clock,
+                rng=rng,
+            ) as agent:
+                yield agent
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(WRITE_GRACE_SECONDS):
+                try:
+                    if store.running:
+                        await store.flush(sid)
+                finally:
+                    await store.release_lease(lease)
+
+
+@asynccontextmanager
+async def _serving_agent(
+    *,
+    store: SessionStore,
+    session_id: str,
+    lease: Lease,
+    system_prompt: SystemPrompt,
+    provider: Provider,
+    options: AgentOptions,
+    tools: Sequence[Tool],
+    scope: Scope | None,
+    clock: WallClock,
+    rng: random.Random | None,
+) -> AsyncIterator[Agent]:
+    """`open_agent`'s body once the lease is held: the agent's nursery and tasks."""
     async with trio.open_nursery() as nursery:
         if not store.running:
             await nursery.start(store.serve)
-        session = await Session.open(store, session_id, clock=clock)
+        session = await Session.open(store, session_id, clock=clock, lease=lease)
         agent_scope = Scope(name=f"agent:{session.id}", parent=scope)
         registry = ToolRegistry.of(tools)
         send, receive = trio.open_memory_channel[_Command](INBOX_CAPACITY)
@@ -354,5 +550,6 @@ async def open_agent(
             yield agent
         finally:
             await agent.dispose()
+            agent.close()
             agent_scope.close()
             nursery.cancel_scope.cancel()

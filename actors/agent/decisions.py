@@ -33,6 +33,17 @@ class Reject:
 StepDecision: TypeAlias = Enter | Reject
 
 
+class FailTurn(Exception):
+    """Raised by a pre-step listener to end the turn `error` with `code` and this message.
+
+    The step does not open; input it claimed goes back to the inbox.
+    """
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 @attrs.frozen(kw_only=True)
 class Retry:
     """Retry the failed request after `delay_ms` (None: the retry policy's delay)."""

@@ -20,6 +20,7 @@ import trio
 
 from actors.agent.decisions import (
     Enter,
+    FailTurn,
     PreStepListener,
     Reject,
     RequestErrorListener,
@@ -72,6 +73,9 @@ WRITE_GRACE_SECONDS = 5.0
 
 
 AbortCause = Literal["user", "parent", "disposed"]
+
+MAX_STEPS = "max_steps"
+"""The turn-error code when a turn would need more steps than `AgentOptions.max_steps`."""
 
 
 class _TurnFailed(Exception):
@@ -132,6 +136,8 @@ class AgentLoop:
     _requests: int = attrs.field(default=0, init=False)
     _retries: int = attrs.field(default=0, init=False)
     _unentered: Claim | None = attrs.field(default=None, init=False)
+    turn_message: Message | None = attrs.field(default=None, init=False)
+    """The next-turn message the current (or last) turn's first step claimed, if any."""
     _resumed: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -169,6 +175,7 @@ class AgentLoop:
         self._turns += 1
         self.abort_cause = "disposed"
         self.keep_claimed_on_abort = False
+        self.turn_message = None
         await self.session.append(TurnStart(turn=turn))
         reason: TurnEndReason | None = None
         log_broken = False
@@ -176,6 +183,8 @@ class AgentLoop:
             reason = await self._turn_body(turn)
         except _TurnFailed as failed:
             reason = failed.reason
+        except FailTurn as failed:
+            reason = TurnEndReason.failed(TurnError(message=str(failed), code=failed.code))
         except SessionError:
             log_broken = True
             raise
@@ -201,8 +210,19 @@ class AgentLoop:
 
     async def _turn_body(self, turn: int) -> TurnEndReason:
         step = 0
+        limit = self.options.max_steps
         while True:
+            if limit is not None and step >= limit:
+                return TurnEndReason.failed(
+                    TurnError(
+                        message=f"turn {turn} needs a step {step + 1} but AgentOptions.max_steps "
+                        f"is {limit}; the step was not started",
+                        code=MAX_STEPS,
+                    )
+                )
             claim = self.inbox.claim(first_step=step == 0)
+            if step == 0:
+                self.turn_message = claim.turn_message
             self._unentered = claim
             assembly, decision = await self._propose(turn, step, claim.messages)
             # From here on the listeners have decided what happens to the claim.

@@ -45,6 +45,11 @@ class RetryPolicy:
         return max(0, round(backoff + rng.uniform(-spread, spread)))
 
 
+def _max_steps(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"max_steps must be a positive int or None, got {value!r}")
+
+
 def _freeze_extra(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return freeze_object(value, where="extra")
 
@@ -56,7 +61,14 @@ class AgentOptions:
     `model` is an opaque model name; `provider_name` appears as
     `config["provider"]` in every request. `extra` holds further
     provider-specific request settings (e.g. `thinking`,
-    `reasoning_effort`) copied into the request config.
+    `reasoning_effort`) copied into the request config. `max_steps` caps
+    the steps of one turn: the step that would exceed it is not started and
+    the turn ends with error code "max_steps" (None: no limit). With `hibernate`,
+    the agent's session hibernates whenever the agent goes idle (its
+    in-memory log is released and reloaded from the store when input
+    arrives; see `Session.hibernate`), trading a reload per wake for
+    memory: while it hibernates, reading `agent.session` synchronously
+    raises `SessionHibernatingError`.
     """
 
     model: str
@@ -65,6 +77,8 @@ class AgentOptions:
     temperature: float | None = None
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_extra)
+    max_steps: int | None = attrs.field(default=50, validator=_max_steps)
+    hibernate: bool = False
 
     def request_config(self) -> dict[str, Any]:
         """The request config: provider and model, then the settings that are set."""

@@ -8,12 +8,23 @@ from typing import Any
 
 import attrs
 
+from actors.agent.validation import (
+    INVALID_ARGUMENTS,
+    INVALID_ARGUMENTS_CODE,
+    InvalidArguments,
+    Validate,
+    check_arguments,
+    compile_parameters,
+)
+from actors.containment import uncontained_part
 from actors.prompt.types import AssembleContext, ToolProviderResult, ToolSchema
 from actors.session.events import ToolCallRequested, ToolError, ToolResult
 
 ToolExecute = Callable[[dict[str, Any] | str, ToolCallRequested], Awaitable[str]]
-"""`async def execute(arguments, call) -> str`; `arguments` is the parsed JSON object,
-or the raw string when it is not a JSON object."""
+"""`async def execute(arguments, call) -> str`. When the registry runs a tool,
+`arguments` is always the parsed JSON object, already validated against the
+tool's `parameters` (the `str` alternative stays for callers that call
+`execute` themselves)."""
 
 
 class ToolRegistryError(ValueError):
@@ -22,10 +33,22 @@ class ToolRegistryError(ValueError):
 
 @attrs.frozen  # positional, as DESIGN §8 writes Tool(...)
 class Tool:
-    """A tool: its model-facing schema and the coroutine that runs it.
+    """A tool: `Tool(name, description, parameters, execute)`.
 
+    `parameters` is the JSON Schema of the arguments object;
+    `async def execute(arguments: dict | str, call) -> str` runs a call,
+    where `call` is the `tool/call` event. Before `execute` runs, the
+    arguments are validated against `parameters`: a call whose arguments
+    are not a JSON object or do not match gets an error `tool/result`
+    (`error.name` "InvalidArguments", code "invalid_arguments") saying which
+    parameter is wrong and what was expected, and `execute` is not called.
     Raising from `execute` yields an error `tool/result` carrying the
-    exception's message; it never crashes the agent.
+    exception's message; it never crashes the agent. To make a tool from a
+    typed Python function, use `function_tool`.
+
+    Raises:
+        PromptError: the name or parameters are not a valid tool schema.
+        ToolSchemaError: `parameters` is not a JSON Schema the validator can compile.
     """
 
     name: str
@@ -35,6 +58,7 @@ class Tool:
     schema: ToolSchema = attrs.field(init=False, eq=False, repr=False)
     """The schema the prompt registry shows the model; one object per tool, so every
     session's assemblies (and the log codec's caches) share it."""
+    _validate: Validate = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         # The schema snapshots (and validates) the parameters; the tool keeps
@@ -44,6 +68,16 @@ class Tool:
         )
         object.__setattr__(self, "schema", schema)
         object.__setattr__(self, "parameters", schema.parameters)
+        object.__setattr__(self, "_validate", compile_parameters(self.name, schema.parameters))
+
+    def check(self, raw_arguments: str) -> dict[str, Any]:
+        """The raw JSON arguments of a call, parsed and validated against `parameters`.
+
+        Raises:
+            InvalidArguments: they are not a JSON object matching the schema;
+                the message names the parameter and what was expected.
+        """
+        return check_arguments(self.name, raw_arguments, self._validate)
 
 
 def parse_arguments(raw: str) -> dict[str, Any] | str:
@@ -53,6 +87,18 @@ def parse_arguments(raw: str) -> dict[str, Any] | str:
     except ValueError:
         return raw
     return value if isinstance(value, dict) else raw
+
+
+def _describe(exc: BaseException) -> str:
+    """The model-facing text of a tool's exception: its message, or its type when it has none.
+
+    A `BaseException` that is not an `Exception` (`SystemExit(2)`) is named
+    with its type, as its bare message (`"2"`) would say nothing.
+    """
+    text = str(exc)
+    if not isinstance(exc, Exception):
+        return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text or type(exc).__name__
 
 
 @attrs.define(eq=False)
@@ -104,7 +150,20 @@ class ToolRegistry:
         return ToolProviderResult(schemas=self._schemas)
 
     async def run(self, call: ToolCallRequested) -> ToolResult:
-        """Execute `call`; a missing tool or a raising tool yields an error result."""
+        """Execute `call`; an unknown tool, bad arguments or a raising tool give an error result.
+
+        Invalid arguments never reach `execute`.
+
+        Whatever `execute` raises becomes an error result naming the
+        exception type, `BaseException`s such as `SystemExit` included, so
+        one tool can never take down its agent or the agent's siblings.
+
+        Cancellation: `trio.Cancelled` and `KeyboardInterrupt` propagate. An
+        exception group holding a `Cancelled` beside real failures (the
+        tool's own nursery cancelled while a child raised) propagates as its
+        `Cancelled` part, raised from the group; the call is being cancelled,
+        so its result is the loop's "cancelled" one.
+        """
         tool = self._tools.get(call.name)
         if tool is None:
             return ToolResult(
@@ -116,13 +175,29 @@ class ToolRegistry:
                 error=ToolError(name="UnknownTool", code="unknown_tool"),
             )
         try:
-            content = await tool.execute(parse_arguments(call.arguments), call)
-        except Exception as exc:
+            arguments = tool.check(call.arguments)
+        except InvalidArguments as invalid:
             return ToolResult(
                 turn=call.turn,
                 step=call.step,
                 call_id=call.call_id,
-                content=str(exc) or type(exc).__name__,
+                content=str(invalid),
+                is_error=True,
+                error=ToolError(name=INVALID_ARGUMENTS, code=INVALID_ARGUMENTS_CODE),
+            )
+        try:
+            content = await tool.execute(arguments, call)
+        except BaseException as exc:  # a tool is a failure boundary: see actors.containment
+            uncontained = uncontained_part(exc)
+            if uncontained is exc:
+                raise
+            if uncontained is not None:
+                raise uncontained from exc
+            return ToolResult(
+                turn=call.turn,
+                step=call.step,
+                call_id=call.call_id,
+                content=_describe(exc),
                 is_error=True,
                 error=ToolError(name=type(exc).__name__, code="tool_error"),
             )

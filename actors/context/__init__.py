@@ -1,5 +1,11 @@
 """Context plugins: time, workspace instructions, tmux, session references and policies."""
 
+from .compaction import COMPACTION_PLUGIN as COMPACTION_PLUGIN
+from .compaction import CONTEXT_WINDOWS as CONTEXT_WINDOWS
+from .compaction import SUMMARY_FORM as SUMMARY_FORM
+from .compaction import Compaction as Compaction
+from .compaction import compactions as compactions
+from .compaction import rebuild_compaction_request as rebuild_compaction_request
 from .errors import ContextPluginError as ContextPluginError
 from .policies import APPROVAL_POLICY_CONTEXT as APPROVAL_POLICY_CONTEXT
 from .policies import APPROVAL_POLICY_ORDER as APPROVAL_POLICY_ORDER

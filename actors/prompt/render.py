@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from typing import NoReturn, TypeAlias
 
@@ -109,7 +110,9 @@ def render_prompt(assembly: PromptAssembly) -> str:
         _interpolate(section.text, variables, "section", section.name)
         for section in assembly.sections
     ]
-    return "\n\n".join(text for text in texts if text)
+    # Interned: every session of a deployment renders the same text, and each
+    # keeps it in its logged header; one shared string instead of a copy each.
+    return sys.intern("\n\n".join(text for text in texts if text))
 
 
 def render_context_sections(assembly: PromptAssembly) -> list[AssembledContext]:

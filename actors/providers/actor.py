@@ -2,11 +2,12 @@
 
 It owns the provider's `httpx.AsyncClient` (explicit `Limits` and
 `Timeout`), caps the requests in flight (DeepSeek limits concurrency per
-account) and streams each request's chunks to its caller over a bounded
-channel. Callers hold a `Provider`-compatible handle (the actor itself):
-`stream(request)` queues a job and yields chunks as they arrive. A caller
-that stops reading or is cancelled cancels its job, which closes the HTTP
-stream at once.
+account), sets stalled requests aside so they cannot starve healthy ones
+(`actors.providers.admission`), and streams each request's chunks to its
+caller over a bounded channel. Callers hold a `Provider`-compatible handle
+(the actor itself): `stream(request)` queues a job and yields chunks as they
+arrive. A caller that stops reading or is cancelled cancels its job, which
+closes the HTTP stream at once.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import attrs
 import httpx
 import trio
 
+from actors.providers.admission import Admission, StallPolicy, Ticket
 from actors.providers.base import Provider, ProviderError
 from actors.providers.chunks import Chunk, Failure, FinishChunk
+from actors.providers.http_client import HttpClientSettings, open_http_client
 from actors.providers.request import GenerateRequest
 
 ProviderFactory = Callable[[httpx.AsyncClient], Provider]
@@ -37,6 +40,10 @@ class ProviderActorStatistics:
     completed: int
     failed: int
     cancelled: int
+    stalled: int = 0
+    """Requests in flight set aside as stalled now (they count in `in_flight` too)."""
+    stalls: int = 0
+    """Times a request was set aside as stalled, in total."""
 
 
 @attrs.define(eq=False)
@@ -53,9 +60,12 @@ class ProviderActor:
     Run it with `await nursery.start(actor.serve)`; until then (and after it
     stops) `stream` reports a `provider_unavailable` failure. Jobs wait in a
     bounded queue (`queue_size`; a full queue blocks the caller:
-    backpressure); at most `max_in_flight` run at once; each job's chunks
-    travel over a channel of `chunk_buffer` (a slow reader slows its own
-    stream only).
+    backpressure); at most `max_in_flight` progress at once, and up to
+    `stall.max_stalled` more that produced no chunk for `stall.stall_after`
+    seconds are set aside beside them (see `actors.providers.admission`);
+    each job's chunks travel over a channel of `chunk_buffer` (a slow reader
+    slows its own stream only). The client is built by `open_http_client`
+    from `timeout`, `limits`, `http2` and `pools` (see `HttpClientSettings`).
     """
 
     name: str
@@ -64,7 +74,10 @@ class ProviderActor:
     limits: httpx.Limits = attrs.field(
         factory=lambda: httpx.Limits(max_connections=64, max_keepalive_connections=16)
     )
+    http2: bool = False
+    pools: int = 1
     max_in_flight: int = 16
+    stall: StallPolicy = attrs.field(factory=StallPolicy)
     queue_size: int = 256
     chunk_buffer: int = 64
     _jobs_send: trio.MemorySendChannel[_Job] | None = attrs.field(default=None, init=False)
@@ -73,10 +86,13 @@ class ProviderActor:
     _completed: int = attrs.field(default=0, init=False)
     _failed: int = attrs.field(default=0, init=False)
     _cancelled: int = attrs.field(default=0, init=False)
+    _admission: Admission | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.max_in_flight < 1:
             raise ProviderError(f"provider {self.name!r}: max_in_flight must be >= 1")
+        if self.pools < 1:
+            raise ProviderError(f"provider {self.name!r}: pools must be >= 1")
 
     @property
     def running(self) -> bool:
@@ -84,7 +100,8 @@ class ProviderActor:
         return self._jobs_send is not None
 
     def statistics(self) -> ProviderActorStatistics:
-        """Queue depth, requests in flight and outcome counters."""
+        """Queue depth, requests in flight (and how many are set aside) and outcome counters."""
+        admission = self._admission
         return ProviderActorStatistics(
             name=self.name,
             queued=self._queued,
@@ -93,38 +110,44 @@ class ProviderActor:
             completed=self._completed,
             failed=self._failed,
             cancelled=self._cancelled,
+            stalled=admission.stalled if admission is not None else 0,
+            stalls=admission.stalls if admission is not None else 0,
         )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the actor until cancelled; `task_status.started()` once it accepts jobs.
 
-        A job is taken from the queue only when a slot in flight is free, so
-        waiting jobs stay in the bounded queue (and count as `queued`).
+        A job is taken from the queue only when a slot in flight is free
+        (fewer than `max_in_flight` jobs progressing), so waiting jobs stay in
+        the bounded queue (and count as `queued`).
         Cancellation stops every job in flight and every queued job (their
         callers see the stream end with a `provider_unavailable` failure) and
         closes the client.
         """
         send, receive = trio.open_memory_channel[_Job](self.queue_size)
-        slots = trio.Semaphore(self.max_in_flight)
-        async with (
-            httpx.AsyncClient(timeout=self.timeout, limits=self.limits) as client,
-            trio.open_nursery() as nursery,
-        ):
+        admission = Admission(max_in_flight=self.max_in_flight, policy=self.stall)
+        self._admission = admission
+        settings = HttpClientSettings(
+            timeout=self.timeout, limits=self.limits, http2=self.http2, pools=self.pools
+        )
+        async with open_http_client(settings) as client, trio.open_nursery() as nursery:
             provider = self.factory(client)
             self._jobs_send = send
             try:
                 task_status.started()
                 while True:
-                    await slots.acquire()
+                    await admission.wait_slot()
+                    job = await receive.receive()
                     started = False
                     try:
-                        job = await receive.receive()
-                        self._queued -= 1
-                        nursery.start_soon(self._run_job, provider, slots, job)
+                        # Immediate unless a set-aside job resumed meanwhile.
+                        ticket = await admission.acquire()
+                        nursery.start_soon(self._run_job, provider, ticket, job)
                         started = True
                     finally:
+                        self._queued -= 1
                         if not started:
-                            slots.release()
+                            job.chunks.close()
             finally:
                 self._jobs_send = None
                 # Jobs still queued end at once: their callers are waiting on them.
@@ -138,30 +161,35 @@ class ProviderActor:
                 receive.close()
                 nursery.cancel_scope.cancel()
 
-    async def _run_job(self, provider: Provider, slots: trio.Semaphore, job: _Job) -> None:
+    async def _run_job(self, provider: Provider, ticket: Ticket, job: _Job) -> None:
         outcome = "cancelled"
         try:
             async with job.chunks:
                 with job.cancel_scope:
                     self._in_flight += 1
                     try:
-                        outcome = await self._pump(provider, job)
+                        async with trio.open_nursery() as watch:
+                            watch.start_soon(ticket.watch)
+                            outcome = await self._pump(provider, job, ticket)
+                            watch.cancel_scope.cancel()
                     finally:
                         self._in_flight -= 1
         finally:
-            slots.release()
-        if outcome == "completed":
-            self._completed += 1
-        elif outcome == "failed":
-            self._failed += 1
-        else:
-            self._cancelled += 1
+            ticket.release()
+            # Counted here: the actor stopping may cancel a job that has already finished.
+            if outcome == "completed":
+                self._completed += 1
+            elif outcome == "failed":
+                self._failed += 1
+            else:
+                self._cancelled += 1
 
-    async def _pump(self, provider: Provider, job: _Job) -> str:
+    async def _pump(self, provider: Provider, job: _Job, ticket: Ticket) -> str:
         outcome = "failed"
         try:
             async with aclosing(provider.stream(job.request)) as chunks:
                 async for chunk in chunks:
+                    ticket.progressed()
                     if isinstance(chunk, FinishChunk):
                         outcome = "failed" if chunk.reason == "error" else "completed"
                     await job.chunks.send(chunk)

@@ -24,9 +24,11 @@ marked *):
   TLS, DNS), `connection_lost`* (broke while the body streamed),
   `stream_truncated`* (the body ended without `data: [DONE]`),
   `transport_error` (a local protocol error or an unsupported URL).
-- Clocks: `connect_timeout`*, `read_timeout`*, `deadline_exceeded`* (from
-  `StreamTimeouts`); `write_timeout`*, `pool_timeout`* (from the client's
-  own `httpx.Timeout`).
+- Clocks: `connect_timeout`*, `read_timeout`* (silence, or keep-alives
+  only, for too long), `deadline_exceeded`* (from `StreamTimeouts`);
+  `write_timeout`*, `pool_timeout`* (from the client's own `httpx.Timeout`,
+  whose read timeout the adapter replaces per request: see
+  `OpenAICompatProvider`).
 - The stream: `insufficient_system_resource`* (DeepSeek stopped for lack of
   capacity), `stream_error`* (an `{"error": ...}` event mid-stream),
   `malformed_event`, `event_too_large`, `too_many_tool_calls`,
@@ -78,16 +80,26 @@ def _positive(instance: object, attribute: attrs.Attribute[float], value: float)
 class StreamTimeouts:
     """The adapter's clocks, all measured with `trio.current_time()`.
 
+    The body has one read-idle clock: it fails the request when the server
+    has sent nothing for `read_idle` seconds, and keep-alives (comment lines,
+    `data: : keep-alive`) reset it only while the last event that carried
+    data is less than `no_data` seconds old. So a stalled server costs at
+    most `read_idle`, and one that only trickles keep-alives at most
+    `no_data`, per attempt.
+
     Attributes:
         connect: From sending the request until the response headers arrive.
-        read_idle: The longest silence allowed between two reads of the body;
-            any bytes reset it, keep-alive comments included.
+        read_idle: The longest silence allowed between two reads of the body.
+        no_data: The longest time allowed without an event carrying data
+            (counted from the response headers, then from the last such
+            event), keep-alives notwithstanding.
         deadline: The whole request, from `stream()` starting to the finish
             chunk (time the consumer spends between chunks counts too).
     """
 
     connect: float = attrs.field(default=10.0, validator=_positive)
-    read_idle: float = attrs.field(default=60.0, validator=_positive)
+    read_idle: float = attrs.field(default=30.0, validator=_positive)
+    no_data: float = attrs.field(default=60.0, validator=_positive)
     deadline: float = attrs.field(default=600.0, validator=_positive)
 
 
@@ -114,9 +126,11 @@ class OpenAICompatProvider:
     The provider does not own its client: the caller builds one
     `httpx.AsyncClient` (with explicit `httpx.Timeout` and `httpx.Limits`)
     per provider and closes it. The adapter's own clocks (`StreamTimeouts`)
-    run on Trio, so they honour `MockClock`, see keep-alive comments as
-    progress and work with any transport; set the client's timeouts no
-    tighter than these.
+    run on Trio, so they honour `MockClock`, tell keep-alives from data and
+    work with any transport. They alone bound the wait for headers and body:
+    each request is sent without the client's read timeout (its connect,
+    write and pool timeouts still apply), so a client built with a shorter
+    read timeout can never cut a stream the adapter would let live.
 
     Args:
         client: The HTTP client requests go through.
@@ -165,6 +179,15 @@ class OpenAICompatProvider:
         if api_key is not None:
             self._headers["authorization"] = f"Bearer {api_key}"
         self._timeouts = timeouts
+        # The adapter's clocks bound every read; the client's own read timeout must not
+        # undercut them (a 30 s httpx read timeout used to end 60 s read-idle waits).
+        client_timeout = client.timeout
+        self._request_timeout = httpx.Timeout(
+            connect=client_timeout.connect,
+            read=None,
+            write=client_timeout.write,
+            pool=client_timeout.pool,
+        )
         self._encoder = RequestEncoder(profiles=profiles, default_profile=default_profile)
         self._retry_after_cap_ms = int(retry_after_cap * 1000)
         self._max_event_bytes = max_event_bytes
@@ -192,7 +215,8 @@ class OpenAICompatProvider:
         Keys come in a fixed order (`model`, `messages`, `tools`, the
         configured options, `stream`, `stream_options`), so equal requests
         give equal bytes. `config` keys other than `model`, `max_tokens`,
-        `temperature`, `thinking` and `reasoning_effort` are not sent.
+        `temperature`, `thinking`, `reasoning_effort`, `tool_choice`,
+        `parallel_tool_calls`, `response_format` and `stop` are not sent.
 
         Raises:
             ProviderError: a message or config value cannot be serialized.
@@ -224,7 +248,11 @@ class OpenAICompatProvider:
         finish: FinishChunk | None = None
         try:
             http_request = self._client.build_request(
-                "POST", self._url, content=payload, headers=self._headers
+                "POST",
+                self._url,
+                content=payload,
+                headers=self._headers,
+                timeout=self._request_timeout,
             )
             opened = await self._open(http_request, deadline)
             if isinstance(opened, Failure):
@@ -238,8 +266,9 @@ class OpenAICompatProvider:
                 yield finish
                 return
             parser = StreamParser(max_event_bytes=self._max_event_bytes)
+            data_due = trio.current_time() + self._timeouts.no_data
             while parser.outcome is None:
-                data = await self._read(body, deadline)
+                data = await self._read(body, deadline, data_due)
                 if isinstance(data, Failure):
                     parser.fail(data)
                 elif data is None:
@@ -251,7 +280,11 @@ class OpenAICompatProvider:
                         )
                     )
                 else:
-                    for chunk in parser.feed(data):
+                    seen = parser.data_events
+                    chunks = parser.feed(data)
+                    if parser.data_events != seen:
+                        data_due = trio.current_time() + self._timeouts.no_data
+                    for chunk in chunks:
                         yield chunk
             if parser.done:
                 # Read the end of the body so the connection can be reused.
@@ -286,25 +319,41 @@ class OpenAICompatProvider:
             ),
         )
 
-    async def _read(self, body: _Body, deadline: float) -> bytes | Failure | None:
-        """The next bytes of the body, None at its end, or why there are none."""
-        if trio.current_time() >= deadline:
+    async def _read(self, body: _Body, deadline: float, data_due: float) -> bytes | Failure | None:
+        """The next bytes of the body, None at its end, or why there are none.
+
+        `data_due` is when the no-data bound runs out: bytes that arrive
+        before it are returned even if they are only keep-alives.
+        """
+        now = trio.current_time()
+        if now >= deadline:
             # Checked here too: bytes already buffered arrive without a checkpoint.
             return self._deadline_failure()
-        limit = min(deadline, trio.current_time() + self._timeouts.read_idle)
+        if now >= data_due:
+            return self._no_data_failure()
+        idle_due = now + self._timeouts.read_idle
+        limit = min(deadline, idle_due, data_due)
         with trio.move_on_at(limit):
             try:
                 return await body.next()
             except httpx.RequestError as exc:
                 return transport_failure(exc, self._url, started=True)
-        return self._timed_out(
-            limit,
-            deadline,
-            Failure(
+        if limit >= deadline:
+            return self._deadline_failure()
+        if limit >= idle_due:
+            return Failure(
                 code="read_timeout",
                 message=f"{self._url} sent nothing for {self._timeouts.read_idle} s",
                 retryable=True,
-            ),
+            )
+        return self._no_data_failure()
+
+    def _no_data_failure(self) -> Failure:
+        return Failure(
+            code="read_timeout",
+            message=f"{self._url} sent no data for {self._timeouts.no_data} s "
+            "(at most keep-alives)",
+            retryable=True,
         )
 
     def _timed_out(self, limit: float, deadline: float, step: Failure) -> Failure:
@@ -322,8 +371,9 @@ class OpenAICompatProvider:
     async def _read_bounded(self, body: _Body, deadline: float) -> bytes:
         """Up to `_MAX_ERROR_BODY` bytes of a non-stream body (less if reading fails)."""
         data = bytearray()
+        data_due = trio.current_time() + self._timeouts.no_data
         while len(data) < _MAX_ERROR_BODY:
-            piece = await self._read(body, deadline)
+            piece = await self._read(body, deadline, data_due)
             if not isinstance(piece, bytes):
                 break
             data += piece

@@ -93,11 +93,15 @@ class StreamParser:
         outcome: The finish chunk to end with, once the stream is over.
         done: Whether the stream ended with `data: [DONE]` (so the rest of the
             body can be drained and the connection reused).
+        data_events: Events that carried data so far; keep-alives (comment
+            lines, `data: : keep-alive`) do not count, so a clock can tell a
+            server that only keeps the connection open from one that answers.
     """
 
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     outcome: FinishChunk | None = attrs.field(default=None, init=False)
     done: bool = attrs.field(default=False, init=False)
+    data_events: int = attrs.field(default=0, init=False)
     _usage: Usage | None = attrs.field(default=None, init=False)
     _finish_reason: str | None = attrs.field(default=None, init=False)
     _calls: dict[int, _ToolCallState] = attrs.field(factory=dict, init=False)
@@ -139,6 +143,7 @@ class StreamParser:
         stripped = data.strip()
         if not stripped or stripped.startswith(":"):
             return []  # a data-only keep-alive ("data: : keep-alive")
+        self.data_events += 1
         if stripped == "[DONE]":
             self.done = True
             self.outcome = self._finish()

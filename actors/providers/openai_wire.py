@@ -24,7 +24,16 @@ from actors.providers.request import GenerateRequest
 ReasoningReplay: TypeAlias = Literal["with-tool-calls", "never"]
 """When a model wants its own reasoning sent back as `reasoning_content`."""
 
-_CONFIG_KEYS = ("max_tokens", "temperature", "thinking", "reasoning_effort")
+_CONFIG_KEYS = (
+    "max_tokens",
+    "temperature",
+    "thinking",
+    "reasoning_effort",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "stop",
+)
 _TOOLS_CACHE_SIZE = 16
 
 
@@ -88,7 +97,8 @@ class RequestEncoder:
         Keys come in a fixed order (`model`, `messages`, `tools`, the
         configured options, `stream`, `stream_options`), so equal requests
         give equal bytes. `config` keys other than `model`, `max_tokens`,
-        `temperature`, `thinking` and `reasoning_effort` are not sent.
+        `temperature`, `thinking`, `reasoning_effort`, `tool_choice`,
+        `parallel_tool_calls`, `response_format` and `stop` are not sent.
 
         Raises:
             ProviderError: a message or config value cannot be serialized.

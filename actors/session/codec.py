@@ -41,7 +41,7 @@ from actors.providers.chunks import (
     UsageChunk,
 )
 from actors.session.errors import SessionError, UnknownEventError
-from actors.session.events import EVENT_TYPES, Event, UnknownData
+from actors.session.events import EVENT_TYPES, Event, RequestHeaderLogged, UnknownData
 from actors.session.header import RequestHeader
 
 converter = cattrs.Converter(omit_if_default=True, forbid_extra_keys=True)
@@ -124,30 +124,45 @@ def _unstructure_tool(schema: ToolSchema) -> dict[str, Any]:
     }
 
 
-_TOOLS_TEXT_CACHE_SIZE = 64
-_tools_text_cache: OrderedDict[tuple[int, ...], tuple[tuple[ToolSchema, ...], str]] = OrderedDict()
+_TOOLS_CACHE_SIZE = 64
+_tools_cache: OrderedDict[tuple[int, ...], tuple[tuple[ToolSchema, ...], str, list[Any]]] = (
+    OrderedDict()
+)
 
 
-def _tools_text(tools: tuple[ToolSchema, ...]) -> str:
-    """The compact JSON text of a tool list, cached by the identity of its schemas.
+def _tools_entry(tools: tuple[ToolSchema, ...]) -> tuple[tuple[ToolSchema, ...], str, list[Any]]:
+    """The cached (schemas, compact JSON text, decoded JSON) of a tool list.
 
-    Assemblies share frozen `ToolSchema` objects, so every session of a
-    deployment logs the same tool list; decoding one cached text is much
-    cheaper than rebuilding each schema's dicts. The cache keeps the schemas
-    alive, so an id in a key is never reused while its entry exists.
+    Keyed by the identity of its schemas: assemblies share frozen
+    `ToolSchema` objects, so every session of a deployment logs the same
+    tool list, and decoding one cached text is much cheaper than rebuilding
+    each schema's dicts. The entry keeps the schemas alive, so an id in a
+    key is never reused while its entry exists.
     """
     key = tuple(map(id, tools))
-    hit = _tools_text_cache.get(key)
+    hit = _tools_cache.get(key)
     if hit is not None:
-        _tools_text_cache.move_to_end(key)
-        return hit[1]
+        _tools_cache.move_to_end(key)
+        return hit
     text = json.dumps(
         [_unstructure_tool(tool) for tool in tools], separators=(",", ":"), ensure_ascii=False
     )
-    _tools_text_cache[key] = (tools, text)
-    if len(_tools_text_cache) > _TOOLS_TEXT_CACHE_SIZE:
-        _tools_text_cache.popitem(last=False)
-    return text
+    entry = (tools, text, json.loads(text))
+    _tools_cache[key] = entry
+    _tools_by_shared_json[id(entry[2])] = entry
+    if len(_tools_cache) > _TOOLS_CACHE_SIZE:
+        _, evicted = _tools_cache.popitem(last=False)
+        del _tools_by_shared_json[id(evicted[2])]
+    return entry
+
+
+_tools_by_shared_json: dict[int, tuple[tuple[ToolSchema, ...], str, list[Any]]] = {}
+"""The cache entries by the identity of their shared decoded list (alive while cached)."""
+
+
+def _tools_text(tools: tuple[ToolSchema, ...]) -> str:
+    """The compact JSON text of a tool list (cached, see `_tools_entry`)."""
+    return _tools_entry(tools)[1]
 
 
 def _unstructure_header(header: RequestHeader) -> dict[str, Any]:
@@ -165,11 +180,14 @@ def _structure_header(obj: Any, _: type) -> RequestHeader:
     extra = set(obj) - {"config", "system", "tools"}
     if extra:
         raise SessionError(f"a request header has unknown fields {sorted(extra)}")
-    return RequestHeader(
-        config=obj["config"],
-        system=obj.get("system"),
-        tools=tuple(converter.structure(tool, ToolSchema) for tool in obj.get("tools", ())),
-    )
+    tools_json = obj.get("tools", ())
+    shared = _tools_by_shared_json.get(id(tools_json))
+    if shared is not None and shared[2] is tools_json:
+        # A shared list (`event_to_shared_json`) comes from these very schemas.
+        tools = shared[0]
+    else:
+        tools = tuple(converter.structure(tool, ToolSchema) for tool in tools_json)
+    return RequestHeader(config=obj["config"], system=obj.get("system"), tools=tools)
 
 
 converter.register_unstructure_hook(ToolSchema, _unstructure_tool)
@@ -231,6 +249,21 @@ converter.register_structure_hook(Event, _structure_event)
 def event_to_json(event: Event) -> dict[str, Any]:
     """The durable JSON form of one event."""
     out: dict[str, Any] = converter.unstructure(event, Event)
+    return out
+
+
+def event_to_shared_json(event: Event) -> dict[str, Any]:
+    """`event_to_json`, except that a request header's `tools` list is shared.
+
+    Every header logging the same tool list (the same `ToolSchema` objects)
+    gets the same decoded list, so a store that keeps events as JSON (the
+    `MemoryStore`) holds one copy of a deployment's tool schemas instead of
+    one per session. The shared list must never be mutated: only stores
+    that treat their JSON as read-only may use this form.
+    """
+    out = event_to_json(event)
+    if isinstance(event.data, RequestHeaderLogged) and event.data.header.tools:
+        out["data"]["header"]["tools"] = _tools_entry(event.data.header.tools)[2]
     return out
 
 

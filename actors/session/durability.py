@@ -45,6 +45,10 @@ class DurableMarks:
         self._failures[session_id] = error
         self._wake(session_id)
 
+    def recover(self, session_id: str) -> None:
+        """Forget a recorded failure of `session_id` (its writer took a new lease)."""
+        self._failures.pop(session_id, None)
+
     async def wait(self, session_id: str, seq: int) -> None:
         """Return once `seq(session_id) >= seq`.
 

@@ -14,3 +14,7 @@ class UnknownEventError(SessionError):
 
 class ReplacementError(SessionError):
     """A replacement event cites an event that is missing, not a surface event, or gone."""
+
+
+class SessionHibernatingError(SessionError):
+    """A synchronous read of a hibernating session; `await session.wake()` first."""

@@ -203,6 +203,36 @@ class TurnEnd:
     reason: TurnEndReason
 
 
+def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class CompactionRequested:
+    """`compaction/request`: a summary request is about to be sent (logged before model I/O).
+
+    The request is the header in effect, the messages of the surface events
+    `replaces` (a prefix of the surface, so it reuses the provider's prefix
+    cache), then `instruction` as a user message. `compaction` numbers the
+    session's compactions from 0; `turn` and `step` are the step it precedes.
+    """
+
+    compaction: int
+    turn: int
+    step: int
+    replaces: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    instruction: str
+
+
+@attrs.frozen(kw_only=True)
+class CompactionEnded:
+    """`compaction/end`: the summary request finished; `failure` when it produced no summary."""
+
+    compaction: int
+    usage: Usage | None = None
+    failure: Failure | None = None
+
+
 @attrs.frozen(kw_only=True)
 class UnknownData:
     """The raw data of an ignorable event whose type this version does not know."""
@@ -222,6 +252,8 @@ EventData: TypeAlias = (
     | RequestRetry
     | StepEnd
     | TurnEnd
+    | CompactionRequested
+    | CompactionEnded
     | UnknownData
 )
 
@@ -237,6 +269,8 @@ EVENT_TYPES: Mapping[str, type[EventData]] = {
     "request/retry": RequestRetry,
     "step/end": StepEnd,
     "turn/end": TurnEnd,
+    "compaction/request": CompactionRequested,
+    "compaction/end": CompactionEnded,
 }
 TYPE_OF: Mapping[type[EventData], str] = {cls: name for name, cls in EVENT_TYPES.items()}
 SURFACE_TYPES = frozenset({"user/message", "assistant/message", "tool/result"})

@@ -13,18 +13,23 @@ import trio
 
 from actors.messages import Message
 from actors.session.codec import event_to_json
-from actors.session.errors import SessionError
+from actors.session.errors import SessionError, SessionHibernatingError
 from actors.session.events import (
+    AssistantMessage,
     Event,
     EventData,
     StepEnd,
     StepStart,
+    ToolCallRequested,
+    ToolError,
+    ToolResult,
     TurnEnd,
     TurnEndReason,
     TurnStart,
     type_of,
 )
 from actors.session.header import RequestHeader
+from actors.session.lease import Lease
 from actors.session.reducers import (
     derive_messages,
     fold_request_header,
@@ -38,6 +43,12 @@ _Draft = tuple[EventData, str, Literal["replace"] | None, Sequence[int] | None, 
 
 WallClock = Callable[[], int]
 """Returns the wall-clock time in epoch milliseconds."""
+
+INTERRUPTED_TOOL_RESULT = (
+    "The tool call was interrupted by a restart before it returned a result; "
+    "it may or may not have taken effect."
+)
+"""The content of the error `tool/result` that resume gives an unanswered call."""
 
 
 def system_clock_ms() -> int:
@@ -60,13 +71,25 @@ class Session:
     `durable_seq`, `wait_durable` and `watch` show only durable events. The
     model-visible message list is maintained incrementally, so deriving it
     costs the same at turn 1 and turn 500.
+
+    With a `lease` (see `SessionStore.acquire_lease`) every write carries its
+    epoch, so the store refuses them once another writer took the session
+    over (`SessionFencedError`).
+
+    An idle session can `hibernate()`: it releases its in-memory events and
+    message list and keeps only its length; `wake()` reloads them from the
+    store. Appending and watching wake it by themselves; the synchronous
+    readers raise `SessionHibernatingError` until it is woken.
     """
 
     id: str
     store: SessionStore
     clock: WallClock = system_clock_ms
+    lease: Lease | None = attrs.field(default=None, kw_only=True)
     _events: list[Event] = attrs.field(factory=list, alias="events")
     _surface: list[Message] = attrs.field(factory=list, init=False)
+    _hibernated_length: int | None = attrs.field(default=None, init=False)
+    _watches: int = attrs.field(default=0, init=False)
     _extended: trio.Event = attrs.field(factory=trio.Event, init=False)
     _extension_waited: bool = attrs.field(default=False, init=False)
     _append_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock, init=False)
@@ -81,29 +104,41 @@ class Session:
         session_id: str | None = None,
         *,
         clock: WallClock = system_clock_ms,
+        lease: Lease | None = None,
     ) -> Session:
-        """A new, empty session registered in `store`.
+        """A new, empty session registered in `store`, written under `lease` if given.
 
         Raises:
             SessionExistsError: `session_id` is already stored.
         """
         sid = session_id or new_session_id()
         await store.create(sid)
-        return cls(id=sid, store=store, clock=clock)
+        return cls(id=sid, store=store, clock=clock, lease=lease)
 
     @classmethod
     async def load(
-        cls, store: SessionStore, session_id: str, *, clock: WallClock = system_clock_ms
+        cls,
+        store: SessionStore,
+        session_id: str,
+        *,
+        clock: WallClock = system_clock_ms,
+        lease: Lease | None = None,
     ) -> Session:
-        """The stored session `session_id`, its events restored exactly.
+        """The stored session `session_id`, its events restored exactly, written under `lease`.
 
-        A turn left open by a crash is closed: an open step gets `step/end`
-        and the turn `turn/end` with reason `interrupted`; earlier events are
-        never altered.
+        A turn left open by a crash is closed so that the conversation stays
+        valid for any OpenAI-compatible server: every tool call of the turn
+        without a result gets an error `tool/result` (`Interrupted`,
+        code `interrupted`; a call the model asked for but whose `tool/call`
+        was never logged gets that first), an open step gets `step/end`, and
+        the turn `turn/end` with reason `interrupted`, durably. Earlier
+        events are never altered. Resume under the session's lease, or the
+        repair could close another live writer's turn (it is refused then).
 
         Raises:
             UnknownSessionError: the store has no such session.
-            SessionError: a stored event cannot be decoded.
+            SessionError: a stored event cannot be decoded, or the repair
+                cannot be written.
         """
         events = await store.load(session_id)
         for expected, event in enumerate(events):
@@ -112,7 +147,7 @@ class Session:
                     f"session {session_id!r}: stored event {event.type} has seq {event.seq}, "
                     f"expected {expected}"
                 )
-        session = cls(id=session_id, store=store, clock=clock, events=events)
+        session = cls(id=session_id, store=store, clock=clock, events=events, lease=lease)
         await session._close_interrupted_turn()
         return session
 
@@ -123,23 +158,83 @@ class Session:
         session_id: str | None = None,
         *,
         clock: WallClock = system_clock_ms,
+        lease: Lease | None = None,
     ) -> Session:
         """Load `session_id` when the store has it, else create it (or a fresh id)."""
         if session_id is not None and await store.exists(session_id):
-            return await cls.load(store, session_id, clock=clock)
-        return await cls.create(store, session_id, clock=clock)
+            return await cls.load(store, session_id, clock=clock, lease=lease)
+        return await cls.create(store, session_id, clock=clock, lease=lease)
 
     @property
     def events(self) -> Sequence[Event]:
         """Every event, in seq order (a read-only view)."""
-        return tuple(self._events)
+        return tuple(self._awake())
 
     def events_since(self, seq: int) -> Sequence[Event]:
         """The events with `seq` >= the given one, in order."""
-        return tuple(self._events[seq:])
+        return tuple(self._awake()[seq:])
 
     def __len__(self) -> int:
+        if self._hibernated_length is not None:
+            return self._hibernated_length
         return len(self._events)
+
+    @property
+    def hibernating(self) -> bool:
+        """True while the in-memory log is released (see `hibernate`)."""
+        return self._hibernated_length is not None
+
+    def hibernate(self) -> bool:
+        """Release the in-memory events and message list, keeping only the log's length.
+
+        Like Erlang's `hibernate`: an idle session then costs almost nothing
+        until it is used again. Only a session whose every event is durable,
+        with no append in progress and no watch open, hibernates (its store
+        must give every event back on `wake`); otherwise nothing changes.
+
+        Returns:
+            True when the session hibernates (or already did).
+        """
+        if self._hibernated_length is not None:
+            return True
+        if self._watches or self._append_lock.locked() or self.durable_seq < len(self) - 1:
+            return False
+        self._hibernated_length = len(self._events)
+        self._events = []
+        self._surface = []
+        return True
+
+    async def wake(self) -> None:
+        """Reload a hibernating session's events from its store; a no-op when awake.
+
+        Cancellation: cancelling leaves the session hibernating, unchanged.
+
+        Raises:
+            SessionError: the store no longer holds exactly the events the
+                session had (another writer, or a damaged store).
+        """
+        await trio.lowlevel.checkpoint()
+        length = self._hibernated_length
+        if length is None:
+            return
+        events = await self.store.load(self.id)
+        if self._hibernated_length is None:  # a concurrent wake finished first
+            return
+        if len(events) != length or any(e.seq != n for n, e in enumerate(events)):
+            raise SessionError(
+                f"session {self.id!r}: waking from hibernation found {len(events)} stored "
+                f"events, expected {length}"
+            )
+        self._events = events
+        self._surface = derive_messages(events)
+        self._hibernated_length = None
+
+    def _awake(self) -> list[Event]:
+        if self._hibernated_length is not None:
+            raise SessionHibernatingError(
+                f"session {self.id!r} is hibernating; await session.wake() before reading it"
+            )
+        return self._events
 
     async def append(
         self,
@@ -182,6 +277,8 @@ class Session:
         except trio.WouldBlock:
             await self._append_lock.acquire()
         try:
+            if self._hibernated_length is not None:
+                await self.wake()
             now = self.clock()
             first = len(self._events)
             events = [
@@ -201,7 +298,7 @@ class Session:
             replaces = any(event.surface_op is not None for event in events)
             if replaces:
                 surface = derive_messages([*self._events, *events])
-            await self.store.append(self.id, events)
+            await self.store.append(self.id, events, lease=self.lease)
             self._events.extend(events)
             if replaces:
                 self._surface = surface
@@ -225,7 +322,7 @@ class Session:
         may still be (and their seqs reused), so nothing after it is shown
         to watchers.
         """
-        return min(self.store.durable_seq(self.id), len(self._events) - 1)
+        return min(self.store.durable_seq(self.id), len(self) - 1)
 
     async def wait_durable(self, seq: int) -> None:
         """Return once `durable_seq >= seq`.
@@ -251,7 +348,7 @@ class Session:
         end = self.durable_seq + 1
         if limit is not None:
             end = min(end, from_seq + limit)
-        return tuple(self._events[from_seq:end]) if from_seq < end else ()
+        return tuple(self._awake()[from_seq:end]) if from_seq < end else ()
 
     @asynccontextmanager
     async def watch(
@@ -272,16 +369,22 @@ class Session:
         end. A store failure ends the channel early after the last durable
         event (never a gap).
         """
-        start = len(self._events) if from_seq is None else from_seq
+        start = len(self) if from_seq is None else from_seq
         if start < 0:
             raise SessionError(f"session {self.id!r}: cannot watch from seq {start}")
         send, receive = trio.open_memory_channel[Event](buffer)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._pump, start, send)
-            try:
-                yield receive
-            finally:
-                nursery.cancel_scope.cancel()
+        # An open watch keeps the session awake: its cursor reads the events.
+        self._watches += 1
+        try:
+            await self.wake()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump, start, send)
+                try:
+                    yield receive
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._watches -= 1
 
     async def _pump(self, next_seq: int, send: trio.MemorySendChannel[Event]) -> None:
         async with send:
@@ -295,28 +398,34 @@ class Session:
                     next_seq = event.seq + 1
 
     async def flush(self) -> None:
-        """Return once every event appended so far is durable."""
-        await self.store.flush()
+        """Return once every event appended so far is durable.
+
+        Raises:
+            SessionFencedError: another writer took the session's lease over.
+            SessionError: an appended event of this session is not durable.
+        """
+        await self.store.flush(self.id)
 
     def derive_messages(self) -> list[Message]:
         """The model-visible messages, rebuilt from the surface events (a fresh list)."""
+        self._awake()
         return list(self._surface)
 
     def surface_events(self) -> list[Event]:
         """The surface events currently model-visible, in order."""
-        return surface_events(self._events)
+        return surface_events(self._awake())
 
     def header(self) -> RequestHeader | None:
         """The latest canonical request header in the log."""
-        return fold_request_header(self._events)
+        return fold_request_header(self._awake())
 
     def to_json(self) -> list[dict[str, Any]]:
         """The durable JSON form of every event, in order."""
-        return [event_to_json(event) for event in self._events]
+        return [event_to_json(event) for event in self._awake()]
 
     def open_turn(self) -> int | None:
         """The number of a turn that started and has not ended, if any."""
-        for event in reversed(self._events):
+        for event in reversed(self._awake()):
             if isinstance(event.data, TurnEnd):
                 return None
             if isinstance(event.data, TurnStart):
@@ -325,14 +434,14 @@ class Session:
 
     def next_turn(self) -> int:
         """The number the next turn gets (0 for an empty log)."""
-        for event in reversed(self._events):
+        for event in reversed(self._awake()):
             if isinstance(event.data, TurnStart):
                 return event.data.turn + 1
         return 0
 
     def completed_turns(self) -> list[int]:
         """Numbers of turns that have a `turn/end`, in order."""
-        return [e.data.turn for e in self._events if isinstance(e.data, TurnEnd)]
+        return [e.data.turn for e in self._awake() if isinstance(e.data, TurnEnd)]
 
     async def fork(
         self, up_to_turn: int | None = None, *, session_id: str | None = None
@@ -346,6 +455,7 @@ class Session:
         Raises:
             SessionError: `up_to_turn` has not completed.
         """
+        await self.wake()
         completed = self.completed_turns()
         if up_to_turn is None:
             end = self._end_of_last_completed_turn()
@@ -378,6 +488,10 @@ class Session:
         turn = self.open_turn()
         if turn is None:
             return
+        start = max(
+            e.seq for e in self._events if isinstance(e.data, TurnStart) and e.data.turn == turn
+        )
+        repairs: list[EventData] = [*_unanswered_calls(self._events[start:])]
         open_step: StepStart | None = None
         for event in reversed(self._events):
             if isinstance(event.data, StepEnd):
@@ -388,6 +502,47 @@ class Session:
             if isinstance(event.data, TurnStart):
                 break
         if open_step is not None:
-            await self.append(StepEnd(turn=open_step.turn, step=open_step.step))
-        await self.append(TurnEnd(turn=turn, reason=TurnEndReason(kind="interrupted")))
+            repairs.append(StepEnd(turn=open_step.turn, step=open_step.step))
+        repairs.append(TurnEnd(turn=turn, reason=TurnEndReason(kind="interrupted")))
+        await self.extend(repairs)
         await self.flush()
+
+
+def _unanswered_calls(turn_events: Sequence[Event]) -> list[EventData]:
+    """For each tool call of a cut-off turn without a result: its `tool/call` if missing, then an
+    `Interrupted` error `tool/result` (so every call the model made is answered, in its order)."""
+    logged = {e.data.call_id: e.data for e in turn_events if isinstance(e.data, ToolCallRequested)}
+    answered = {e.data.call_id for e in turn_events if isinstance(e.data, ToolResult)}
+    missing: list[EventData] = []
+    calls: dict[str, ToolCallRequested] = {}
+    for event in turn_events:
+        data = event.data
+        if not isinstance(data, AssistantMessage) or event.surface_op is not None:
+            continue
+        for block in data.message.tool_calls:
+            call = logged.get(block.id)
+            if call is None:
+                call = ToolCallRequested(
+                    turn=data.turn,
+                    step=data.step,
+                    call_id=block.id,
+                    name=block.name,
+                    arguments=block.arguments,
+                )
+                missing.append(call)
+            calls.setdefault(block.id, call)
+    for call_id, call in logged.items():
+        calls.setdefault(call_id, call)
+    results: list[EventData] = [
+        ToolResult(
+            turn=call.turn,
+            step=call.step,
+            call_id=call.call_id,
+            content=INTERRUPTED_TOOL_RESULT,
+            is_error=True,
+            error=ToolError(name="Interrupted", code="interrupted"),
+        )
+        for call in calls.values()
+        if call.call_id not in answered
+    ]
+    return [*missing, *results]

@@ -3,7 +3,8 @@
 `SessionStore` is the protocol the `Session` writes through. `MemoryStore`
 keeps each session's events as their JSON form (so loading always goes
 through the durable representation); `SQLiteStore` (in
-`actors/session/sqlite_store.py`) is the embedded default on disk.
+`actors/session/sqlite_store.py`) is the embedded default on disk. Both
+implement the one-writer-per-session lease of `actors/session/lease.py`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,16 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import trio
 
-from actors.session.codec import event_from_json, event_to_json
+from actors.session.codec import event_from_json, event_to_shared_json
 from actors.session.durability import DurableMarks
 from actors.session.errors import SessionError
 from actors.session.events import Event
+from actors.session.lease import (
+    Lease,
+    SessionBusyError,
+    SessionFencedError,
+    default_owner,
+)
 
 
 class SessionExistsError(SessionError):
@@ -38,6 +45,14 @@ class SessionStore(Protocol):
     writer task must have it started first: see `serve`). `durable_seq`
     and `wait_durable` tell readers (`Session.watch()`, the gateway) which
     events are durable, so nothing a crash could take back is ever shown.
+
+    One writer per session: `acquire_lease` grants a `Lease` (or raises
+    `SessionBusyError`); appends under it carry its epoch, and the store
+    refuses them (`SessionFencedError`) once another writer took the session
+    over. A refused or failed append breaks that session only (its later
+    appends and flushes raise), never the store's other sessions. Every
+    failure is a `SessionError` naming the store, the session and, where it
+    applies, the seq.
     """
 
     @property
@@ -61,12 +76,26 @@ class SessionStore(Protocol):
         """All durable events of `session_id`, in seq order. Raises `UnknownSessionError`."""
         ...
 
-    async def append(self, session_id: str, events: Sequence[Event]) -> None:
-        """Queue `events` (contiguous seqs) for `session_id`, in order."""
+    async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
+        """Take the write lease of `session_id` (which need not exist yet).
+
+        Raises `SessionBusyError` naming the holder when another live lease
+        holds it; an expired one is taken over with the next epoch.
+        """
         ...
 
-    async def flush(self) -> None:
-        """Return once every event appended before this call is durable."""
+    async def release_lease(self, lease: Lease) -> None:
+        """Give `lease` up (a no-op when it was already taken over); the epoch stays used."""
+        ...
+
+    async def append(
+        self, session_id: str, events: Sequence[Event], *, lease: Lease | None = None
+    ) -> None:
+        """Queue `events` (contiguous seqs) for `session_id`, in order, under `lease`."""
+        ...
+
+    async def flush(self, session_id: str | None = None) -> None:
+        """Return once what was appended before this call (to `session_id`, or all) is durable."""
         ...
 
     async def list_sessions(self) -> list[str]:
@@ -94,9 +123,19 @@ class SessionStore(Protocol):
 
 @attrs.define(eq=False)
 class MemoryStore:
-    """An in-process store: durable for the life of the object, no writer task needed."""
+    """An in-process store: durable for the life of the object, no writer task needed.
+
+    Events are kept in their JSON form, with the decoded tool schemas of
+    request headers shared between sessions (`event_to_shared_json`), so an
+    idle session's log costs what its own events hold.
+
+    Leases never expire here: every holder lives in this process, and
+    `open_agent` releases its lease however it exits.
+    """
 
     _logs: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    _holders: dict[str, Lease] = attrs.field(factory=dict, init=False)
+    _epochs: dict[str, int] = attrs.field(factory=dict, init=False)
     _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
 
     @property
@@ -126,9 +165,56 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         return [event_from_json(obj) for obj in self._log(session_id)]
 
-    async def append(self, session_id: str, events: Sequence[Event]) -> None:
-        """Store `events` immediately (a memory store is "durable" at once)."""
+    async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
+        """Take the lease of `session_id`; `SessionBusyError` while another holds it."""
         await trio.lowlevel.checkpoint()
+        holder = self._holders.get(session_id)
+        if holder is not None:
+            raise SessionBusyError(
+                f"session {session_id!r} is busy: its write lease is held by {holder.owner} "
+                f"(epoch {holder.epoch}) in this memory store",
+                session_id=session_id,
+                holder=holder.owner,
+            )
+        epoch = self._epochs.get(session_id, 0) + 1
+        self._epochs[session_id] = epoch
+        lease = Lease(
+            session_id=session_id, owner=owner or default_owner(), epoch=epoch, expires_ms=0
+        )
+        self._holders[session_id] = lease
+        return lease
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Give `lease` up."""
+        await trio.lowlevel.checkpoint()
+        if self._holders.get(lease.session_id) == lease:
+            del self._holders[lease.session_id]
+
+    async def append(
+        self, session_id: str, events: Sequence[Event], *, lease: Lease | None = None
+    ) -> None:
+        """Store `events` immediately (a memory store is "durable" at once).
+
+        Raises:
+            SessionFencedError: `lease` is no longer the session's lease.
+            SessionBusyError: no `lease` was given while another writer holds one.
+        """
+        await trio.lowlevel.checkpoint()
+        holder = self._holders.get(session_id)
+        if lease is not None and holder != lease:
+            raise SessionFencedError(
+                f"session {session_id!r}: the write lease of epoch {lease.epoch} was released "
+                f"or taken over; seq {events[0].seq if events else '-'} and later are refused",
+                session_id=session_id,
+                epoch=lease.epoch,
+            )
+        if lease is None and holder is not None:
+            raise SessionBusyError(
+                f"session {session_id!r} is busy: its write lease is held by {holder.owner} "
+                f"(epoch {holder.epoch}); a write without the lease is refused",
+                session_id=session_id,
+                holder=holder.owner,
+            )
         log = self._log(session_id)
         for event in events:
             if event.seq != len(log):
@@ -136,10 +222,10 @@ class MemoryStore:
                     f"session {session_id!r}: event {event.type} has seq {event.seq}, "
                     f"expected {len(log)}"
                 )
-            log.append(event_to_json(event))
+            log.append(event_to_shared_json(event))
         self._marks.advance(session_id, len(log) - 1)
 
-    async def flush(self) -> None:
+    async def flush(self, session_id: str | None = None) -> None:
         """Nothing is pending in a memory store."""
         await trio.lowlevel.checkpoint()
 

@@ -20,23 +20,30 @@ from actors.session import Event, Session, SessionError, UnknownSessionError
 from actors.session.events import AssistantMessage, StepEnd, StepStart, TurnEnd, TurnStart
 from supervision.gateway.auth import Principal, Token
 from supervision.runtime import Runtime
+from supervision.subagents import SubagentProvider
 from supervision.supervisor import Child, SupervisionError, UnknownChildError
 
 AGENT_CHILD_PREFIX = "agent:"
 """The supervisor child id of a session's agent is this prefix plus the session id."""
 
 
-def _tool_tuple(value: Iterable[Tool]) -> tuple[Tool, ...]:
-    return tuple(value)
+def _tools(tools: Iterable[Tool]) -> tuple[Tool, ...]:
+    return tuple(tools)
 
 
 @attrs.frozen(kw_only=True)
 class AgentProfile:
-    """What `session/new` starts: model options, tools, and an optional per-agent setup."""
+    """What `session/new` starts: model options, tools, and an optional per-agent setup.
+
+    `subagents` are the delegation tools the agent gets; `child_setup` runs
+    in each of its subagents before their first step.
+    """
 
     options: AgentOptions
-    tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tool_tuple)
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tools)
     setup: Callable[[Agent], None] | None = None
+    subagents: tuple[SubagentProvider, ...] = ()
+    child_setup: Callable[[Agent], None] | None = None
 
 
 @attrs.define(eq=False)
@@ -179,6 +186,8 @@ class SessionDirectory:
             tools=chosen.tools,
             session_id=session_id,
             setup=chosen.setup,
+            subagents=chosen.subagents,
+            child_setup=chosen.child_setup,
             restart="transient",
         )
         agent = child.value
@@ -188,6 +197,14 @@ class SessionDirectory:
         )
         self._notify(agent.session.id, "added")
         return agent
+
+    def adopt(self, session_id: str, *, agent: str, parent: str, created_at: int) -> None:
+        """Record a subagent session that `parent`'s agent started, and announce it ("added").
+
+        It is listed with `parentSessionId` and seen by every token that sees its parent.
+        """
+        self._known[session_id] = _Known(agent=agent, created_at=created_at, parent=parent)
+        self._notify(session_id, "added")
 
     async def attach(self, session_id: str) -> Agent:
         """The running agent of a stored session, starting it (its profile, else default) if needed.
@@ -220,6 +237,8 @@ class SessionDirectory:
                 tools=chosen.tools,
                 session_id=session_id,
                 setup=chosen.setup,
+                subagents=chosen.subagents,
+                child_setup=chosen.child_setup,
                 restart="transient",
             )
             self._children[session_id] = child
@@ -269,7 +288,12 @@ class SessionDirectory:
             events: Sequence[Event] = agent.session.durable_events(0)
             status: str = agent.status
         else:
-            events = await self.runtime.store.load(session_id)
+            try:
+                events = await self.runtime.store.load(session_id)
+            except UnknownSessionError:
+                if self.child(session_id) is None:
+                    raise
+                events = ()  # its agent is starting and has not stored the session yet
             status = "starting" if self.child(session_id) is not None else "stopped"
         return summarise(
             session_id,

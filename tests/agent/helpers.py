@@ -63,11 +63,11 @@ class FlushHookStore(MemoryStore):
         super().__init__()
         self.before_flush: Callable[[], Awaitable[None]] | None = None
 
-    async def flush(self) -> None:
+    async def flush(self, session_id: str | None = None) -> None:
         hook, self.before_flush = self.before_flush, None
         if hook is not None:
             await hook()
-        await super().flush()
+        await super().flush(session_id)
 
 
 async def compact_surface(session: Session, summary: str = "Summary of earlier work.") -> None:

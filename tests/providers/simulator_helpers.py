@@ -89,7 +89,13 @@ def tool_result(call_id: str, content: str) -> Message:
 
 
 def chat_body(messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
-    return {"model": "deepseek-chat", "messages": messages, "stream": True, **fields}
+    return {
+        "model": "deepseek-chat",
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **fields,
+    }
 
 
 async def post(

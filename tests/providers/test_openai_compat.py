@@ -231,6 +231,10 @@ def test_the_body_has_a_fixed_key_order_and_always_streams_usage() -> None:
         temperature=0.5,
         thinking={"type": "enabled"},
         reasoning_effort="high",
+        tool_choice="required",
+        parallel_tool_calls=False,
+        response_format={"type": "json_object"},
+        stop=["END"],
         unrelated="not sent",
     )
     body = _body(request)
@@ -242,9 +246,14 @@ def test_the_body_has_a_fixed_key_order_and_always_streams_usage() -> None:
         "temperature",
         "thinking",
         "reasoning_effort",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "stop",
         "stream",
         "stream_options",
     ]
+    assert body["tool_choice"] == "required" and body["parallel_tool_calls"] is False
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["thinking"] == {"type": "enabled"} and body["reasoning_effort"] == "high"
     assert list(_body(_request(Message.user("x")))) == [
@@ -360,7 +369,8 @@ async def test_reasoning_streams_and_goes_back_with_tool_calls(frontend: Fronten
 
 
 async def test_an_r1_history_round_trips_without_reasoning_content(frontend: Frontend) -> None:
-    provider, _ = await frontend.provider(profiles={"deepseek-reasoner": R1_PROFILE})
+    legacy = SimulatorEngine(SimulatorConfig(profiles={"deepseek-reasoner": "r1"}))
+    provider, _ = await frontend.provider(legacy, profiles={"deepseek-reasoner": R1_PROFILE})
     first = _request(Message.user('call echo {"text": "x"}'), model="deepseek-reasoner")
     assistant = assistant_of(await collect(provider, first))
     assert any(isinstance(block, ReasoningBlock) for block in assistant.content)

@@ -219,29 +219,48 @@ def _tool_turn(reasoning: str | None) -> list[dict[str, Any]]:
     return [USER, assistant, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
 
 
-async def test_v4_requires_reasoning_content_on_assistant_tool_calls() -> None:
+@pytest.mark.parametrize(
+    ("model", "thinking"),
+    [("deepseek-chat", {"type": "enabled"}), ("deepseek-reasoner", None)],
+)
+async def test_thinking_mode_requires_reasoning_content_on_tool_call_messages(
+    model: str, thinking: dict[str, str] | None
+) -> None:
     engine = SimulatorEngine()
-    response = await post(engine, chat_body(_tool_turn(None)))
+    fields: dict[str, Any] = {"model": model} | ({"thinking": thinking} if thinking else {})
+    response = await post(engine, chat_body(_tool_turn(None), **fields))
     assert response.status == 400
-    assert "reasoning_content" in _error(response.body)["message"]
-    assert (await post(engine, chat_body(_tool_turn("")))).status == 200
+    error = _error(response.body)
+    assert "Missing `reasoning_content` field" in error["message"]
+    assert "message index 1" in error["message"]
+    assert (await post(engine, chat_body(_tool_turn(""), **fields))).status == 200
+
+
+@pytest.mark.parametrize("reasoning", [None, "", "thought"])
+async def test_without_thinking_reasoning_content_is_optional(reasoning: str | None) -> None:
+    for thinking in (None, {"type": "disabled"}):
+        body = chat_body(_tool_turn(reasoning), **({"thinking": thinking} if thinking else {}))
+        assert (await post(SimulatorEngine(), body)).status == 200
 
 
 async def test_r1_refuses_reasoning_content_on_input_messages() -> None:
-    engine = SimulatorEngine()
-    response = await post(engine, chat_body(_tool_turn(""), model="deepseek-reasoner"))
+    engine = SimulatorEngine(SimulatorConfig(profiles={"legacy-r1": "r1"}))
+    response = await post(engine, chat_body(_tool_turn(""), model="legacy-r1"))
     assert response.status == 400
     assert "not allowed" in _error(response.body)["message"]
-    assert (
-        await post(engine, chat_body(_tool_turn(None), model="deepseek-reasoner"))
-    ).status == 200
+    assert (await post(engine, chat_body(_tool_turn(None), model="legacy-r1"))).status == 200
 
 
-async def test_unknown_models_are_refused_without_a_default_profile() -> None:
-    engine = SimulatorEngine(SimulatorConfig(default_profile=None))
-    response = await post(engine, chat_body([USER], model="gpt-x"))
+async def test_unknown_models_are_refused_as_deepseek_does() -> None:
+    response = await post(SimulatorEngine(), chat_body([USER], model="gpt-x"))
     assert response.status == 400
-    assert "Model Not Exist" in _error(response.body)["message"]
+    error = _error(response.body)
+    assert "Model Not Exist" in error["message"] and error["param"] == "model"
+
+
+async def test_a_default_profile_accepts_any_model() -> None:
+    engine = SimulatorEngine(SimulatorConfig(default_profile="v4"))
+    assert (await post(engine, chat_body([USER], model="gpt-x"))).status == 200
 
 
 async def test_chat_is_served_on_both_paths() -> None:

@@ -34,6 +34,8 @@ from actors.session.events import (
     AbortCause,
     AssistantChunk,
     AssistantMessage,
+    CompactionEnded,
+    CompactionRequested,
     Event,
     EventData,
     RequestHeaderLogged,
@@ -178,6 +180,20 @@ DATA: dict[str, st.SearchStrategy[EventData]] = {
     ),
     "step/end": st.builds(StepEnd, turn=counts, step=counts),
     "turn/end": st.builds(TurnEnd, turn=counts, reason=turn_end_reasons),
+    "compaction/request": st.builds(
+        CompactionRequested,
+        compaction=counts,
+        turn=counts,
+        step=counts,
+        replaces=st.lists(counts, max_size=4),
+        instruction=texts,
+    ),
+    "compaction/end": st.builds(
+        CompactionEnded,
+        compaction=counts,
+        usage=st.none() | usages,
+        failure=st.none() | failures,
+    ),
 }
 """A strategy for the data of every known event type."""
 

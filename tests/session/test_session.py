@@ -123,7 +123,7 @@ async def test_load_closes_an_interrupted_step_and_turn() -> None:
     assert loaded.to_json()[: len(before)] == before
     assert [(e.type, e.data, e.time) for e in loaded.events[len(before) :]] == [
         ("step/end", StepEnd(turn=1, step=0), 5_000),
-        ("turn/end", TurnEnd(turn=1, reason=TurnEndReason(kind="interrupted")), 5_007),
+        ("turn/end", TurnEnd(turn=1, reason=TurnEndReason(kind="interrupted")), 5_000),
     ]
     assert (await Session.load(store, "s")).to_json() == loaded.to_json()
 
@@ -179,7 +179,8 @@ async def test_incremental_surface_equals_derive_messages(data: st.DataObject) -
                 assert len(session) == before
         assert session.derive_messages() == derive_messages(session.events)
     loaded = await Session.load(session.store, "s")
-    assert loaded.derive_messages() == session.derive_messages()
+    # Loading only appends (it may close an open turn, answering its calls).
+    assert loaded.derive_messages()[: len(session.derive_messages())] == session.derive_messages()
 
 
 async def test_default_clock_stamps_epoch_milliseconds() -> None:

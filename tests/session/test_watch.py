@@ -9,7 +9,7 @@ import attrs
 import pytest
 import trio
 
-from actors.session import Event, MemoryStore, Session, SessionError, SQLiteStore
+from actors.session import Event, Lease, MemoryStore, Session, SessionError, SQLiteStore
 from actors.session.durability import DurableMarks
 from actors.session.events import TurnStart
 
@@ -39,11 +39,19 @@ class GatedStore:
     async def load(self, session_id: str) -> list[Event]:
         return await self.inner.load(session_id)
 
-    async def append(self, session_id: str, events: Sequence[Event]) -> None:
-        await self.inner.append(session_id, events)
+    async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
+        return await self.inner.acquire_lease(session_id, owner=owner)
+
+    async def release_lease(self, lease: Lease) -> None:
+        await self.inner.release_lease(lease)
+
+    async def append(
+        self, session_id: str, events: Sequence[Event], *, lease: Lease | None = None
+    ) -> None:
+        await self.inner.append(session_id, events, lease=lease)
         self.accepted[session_id] = events[-1].seq
 
-    async def flush(self) -> None:
+    async def flush(self, session_id: str | None = None) -> None:
         await trio.lowlevel.checkpoint()
 
     async def list_sessions(self) -> list[str]:

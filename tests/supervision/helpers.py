@@ -10,7 +10,7 @@ import attrs
 import trio
 
 from actors.providers import Chunk, FinishChunk, GenerateRequest, Reply, ScriptedProvider, TextDelta
-from actors.session import Event, MemoryStore, SessionError, UnknownSessionError
+from actors.session import Event, Lease, MemoryStore, SessionError, UnknownSessionError
 from actors.session.durability import DurableMarks
 from supervision import ChildStart, Supervisor
 
@@ -85,13 +85,15 @@ class FlakyStore(MemoryStore):
         """Make the next append of an `event_type` event fail."""
         self._fail_type = event_type
 
-    async def append(self, session_id: str, events: Sequence[Event]) -> None:
+    async def append(
+        self, session_id: str, events: Sequence[Event], *, lease: Lease | None = None
+    ) -> None:
         """Append, unless this is the armed failure."""
         if self._fail_type is not None and any(e.type == self._fail_type for e in events):
             self._fail_type = None
             await trio.lowlevel.checkpoint()
             raise SessionError(f"session {session_id!r}: the disk refused a write")
-        await super().append(session_id, events)
+        await super().append(session_id, events, lease=lease)
 
 
 @attrs.define(eq=False)
@@ -153,12 +155,23 @@ class WriterStore:
             raise UnknownSessionError(f"session {session_id!r} is not in this store")
         return list(self._accepted[session_id])
 
-    async def append(self, session_id: str, events: Sequence[Event]) -> None:
+    async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
+        """A lease nobody checks (this store has one writer by construction)."""
+        await trio.lowlevel.checkpoint()
+        return Lease(session_id=session_id, owner=owner or "test", epoch=1, expires_ms=0)
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Nothing to release."""
+        await trio.lowlevel.checkpoint()
+
+    async def append(
+        self, session_id: str, events: Sequence[Event], *, lease: Lease | None = None
+    ) -> None:
         """Queue `events` for the writer."""
         self._accepted[session_id].extend(events)
         await self._writer().send((session_id, list(events)))
 
-    async def flush(self) -> None:
+    async def flush(self, session_id: str | None = None) -> None:
         """Wait until the writer has written everything queued before."""
         written = trio.Event()
         await self._writer().send(written)

@@ -12,10 +12,13 @@ import trio.testing
 from actors.agent import Agent, AgentOptions
 from actors.messages import UserSource
 from actors.prompt import PERSONA_ORDER, PERSONA_SECTION, PromptSection, SystemPrompt
-from actors.providers import Reply, ScriptedProvider, ToolCall
-from actors.session import MemoryStore, SQLiteStore
+from actors.providers import ProviderError, Reply, ScriptedProvider, ToolCall
+from actors.providers.actor import ProviderActor
+from actors.providers.openai_compat import OpenAICompatProvider
+from actors.session import MemoryStore, SessionError, SQLiteStore
 from actors.session.events import TurnEnd, TurnEndReason, UserMessage
 from supervision import (
+    MissingModelError,
     NotRunningError,
     RegistryChange,
     RestartIntensityError,
@@ -27,6 +30,8 @@ from supervision import (
 from supervision.runtime import SHUTDOWN_GRACE_SECONDS
 from tests.agent.helpers import data_of, turn_end_kinds
 from tests.supervision.helpers import FlakyStore, ServedProvider, WatchedProvider, WriterStore
+
+OPTIONS = AgentOptions(model="m")
 
 
 async def test_runtime_runs_registry_store_writer_provider_actors_and_supervisor(
@@ -55,7 +60,7 @@ async def test_leaving_the_runtime_stops_services_in_reverse_order_losing_no_eve
     async with open_runtime(
         system_prompt=SystemPrompt(), store=store, providers={"default": provider}
     ) as runtime:
-        child = await runtime.start_agent()
+        child = await runtime.start_agent(options=OPTIONS)
         child.value.followup("hi")
         await provider.wait_requests(1)
         session_id = child.value.session.id
@@ -78,7 +83,7 @@ async def test_leaving_the_runtime_flushes_the_store_before_its_writer_stops(
     async with open_runtime(
         system_prompt=SystemPrompt(), store=store, providers={"default": ScriptedProvider([])}
     ) as runtime:
-        child = await runtime.start_agent()
+        child = await runtime.start_agent(options=OPTIONS)
         session = child.value.session
         for text in "abc":  # accepted by the store, still queued for its slow writer
             await session.append(UserMessage(content=text, source=UserSource()))
@@ -167,7 +172,7 @@ async def test_crashed_agent_restarts_over_its_session_with_a_resume_header(
     async with open_runtime(
         system_prompt=SystemPrompt(), store=store, providers={"default": provider}
     ) as runtime:
-        child = await runtime.start_agent(session_id="s1")
+        child = await runtime.start_agent(options=OPTIONS, session_id="s1")
         first = child.value
         first.followup("a")
         await first.when_idle()
@@ -191,7 +196,7 @@ async def test_a_failed_turn_is_not_a_crash_and_restarts_nothing(
     async with open_runtime(
         system_prompt=SystemPrompt(), providers={"default": provider}
     ) as runtime:
-        child = await runtime.start_agent()
+        child = await runtime.start_agent(options=OPTIONS)
         agent = child.value
         agent.followup("a")
         await agent.when_idle()
@@ -247,7 +252,7 @@ async def test_restarted_agent_has_only_its_new_registrations_before_its_first_s
     async with open_runtime(
         system_prompt=prompt, store=store, providers={"default": provider}
     ) as runtime:
-        child = await runtime.start_agent(setup=setup)
+        child = await runtime.start_agent(options=OPTIONS, setup=setup)
         sections_with_one_agent = prompt.statistics().sections
         child.value.followup("a")
         await child.value.when_idle()
@@ -278,7 +283,7 @@ async def test_every_agent_scope_descends_from_the_runtime_scope(
         prompt.section(
             PromptSection(name="runtime:note", order=10, text="runtime note"), scope=runtime.scope
         )
-        child = await runtime.start_agent(subagents=[SpawnProvider()])
+        child = await runtime.start_agent(options=OPTIONS, subagents=[SpawnProvider()])
         agent = child.value
         assert agent.scope.parent is runtime.scope
         agent.followup("delegate")
@@ -305,7 +310,7 @@ async def test_deployment_sections_live_in_the_global_layer_for_the_runtimes_lif
             "deployment:persona",
             "tool:bash",
         ]
-        child = await runtime.start_agent()
+        child = await runtime.start_agent(options=OPTIONS)
         child.value.followup("hi")
         await child.value.when_idle()
     system = provider.requests[0].system
@@ -323,16 +328,14 @@ async def test_agent_restart_loop_fails_the_runtime_with_restart_intensity_error
         if broken:
             raise RuntimeError("plugin failed to load")
 
-    with pytest.RaisesGroup(
-        pytest.RaisesExc(RestartIntensityError, match=r"child 'agent:s1' crashed")
-    ):
+    with pytest.raises(RestartIntensityError, match=r"child 'agent:s1' crashed"):
         async with open_runtime(
             system_prompt=SystemPrompt(),
             store=store,
             providers={"default": ScriptedProvider([Reply.text("x")])},
             max_restarts=2,
         ) as runtime:
-            child = await runtime.start_agent(session_id="s1", setup=setup)
+            child = await runtime.start_agent(options=OPTIONS, session_id="s1", setup=setup)
             broken = True
             store.fail_next("assistant/message")
             child.value.followup("boom")
@@ -378,7 +381,7 @@ async def test_sqlite_store_keeps_every_event_of_a_turn_live_at_shutdown(tmp_pat
     async with open_runtime(
         system_prompt=SystemPrompt(), store=SQLiteStore(path), providers={"default": provider}
     ) as runtime:
-        child = await runtime.start_agent(session_id="s1")
+        child = await runtime.start_agent(options=OPTIONS, session_id="s1")
         agent = child.value
         agent.followup("hi")
         await provider.wait_requests(1)
@@ -406,10 +409,51 @@ async def test_runtime_agent_children_run_the_child_setup_before_their_first_ste
         ]
     )
     async with open_runtime(system_prompt=prompt, providers={"default": provider}) as runtime:
-        child = await runtime.start_agent(subagents=[SpawnProvider()], child_setup=child_persona)
+        child = await runtime.start_agent(
+            options=OPTIONS, subagents=[SpawnProvider()], child_setup=child_persona
+        )
         child.value.followup("go")
         await child.value.when_idle()
     parent_request, child_request, _ = provider.requests
     assert parent_request.system is not None and "deployment persona" in parent_request.system
     assert child_request.system is not None and "child persona" in child_request.system
     assert "deployment persona" not in child_request.system
+
+
+async def test_start_agent_without_a_model_is_refused() -> None:
+    async with open_runtime(
+        system_prompt=SystemPrompt(), providers={"default": ScriptedProvider([])}
+    ) as runtime:
+        with pytest.raises(MissingModelError, match=r"start_agent needs options=AgentOptions"):
+            await runtime.start_agent()
+
+
+async def test_start_agent_uses_the_runtime_default_options() -> None:
+    provider = ScriptedProvider([Reply.text("hi")])
+    async with open_runtime(
+        system_prompt=SystemPrompt(),
+        providers={"default": provider},
+        default_options=AgentOptions(model="deepseek-chat"),
+    ) as runtime:
+        child = await runtime.start_agent()
+        await child.value.run("hello")
+    assert provider.requests[0].config["model"] == "deepseek-chat"
+
+
+async def test_bad_provider_url_leaves_open_runtime_as_one_provider_error() -> None:
+    actor = ProviderActor(
+        name="deepseek",
+        factory=lambda client: OpenAICompatProvider(client, base_url="not a url", api_key=None),
+    )
+    with pytest.raises(ProviderError, match=r"base_url 'not a url' must be an absolute"):
+        async with open_runtime(system_prompt=SystemPrompt(), providers={"deepseek": actor}):
+            pytest.fail("the runtime started with a provider that cannot work")
+
+
+async def test_bad_store_path_leaves_open_runtime_as_one_session_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    path = blocker / "sessions.sqlite"
+    with pytest.raises(SessionError, match=rf"SQLite store '{path}'"):
+        async with open_runtime(system_prompt=SystemPrompt(), store=SQLiteStore(path)):
+            pytest.fail("the runtime started over an unusable store")

@@ -293,7 +293,9 @@ async def test_tool_call_without_a_prompt_gives_an_error_naming_the_argument(
         parent.followup("go")
         await parent.when_idle()
     (result,) = data_of(parent.session, "tool/result")
-    assert result.is_error and "'subagent' needs a non-empty string 'prompt'" in result.content
+    assert result.is_error and result.error is not None
+    assert result.error.code == "invalid_arguments"
+    assert "'subagent': missing required parameter 'prompt'" in result.content
 
 
 async def test_delegation_context_lists_running_delegations_and_goes_when_none_run(

@@ -22,6 +22,9 @@ from actors.providers.simulator.faults import FaultPlan as FaultPlan
 from actors.providers.simulator.model import ReplyScript as ReplyScript
 from actors.providers.simulator.model import SimReply as SimReply
 from actors.providers.simulator.model import SimToolCall as SimToolCall
+from actors.providers.simulator.script import ModelScript as ModelScript
+from actors.providers.simulator.script import ScriptError as ScriptError
+from actors.providers.simulator.script import ScriptRule as ScriptRule
 from actors.providers.simulator.server import run_simulator_cli as run_simulator_cli
 from actors.providers.simulator.server import serve_simulator as serve_simulator
 from actors.providers.simulator.tokens import tokenize as tokenize

@@ -1,29 +1,38 @@
 """What the simulator answers a validated chat with, and the usage it reports.
 
-`compose_answer` takes the next scripted reply or the deterministic model's,
-gives its tool calls ids, cuts its text to `max_tokens`, settles the finish
-reason, and counts usage: prompt and completion tokens, and the prompt
-tokens the prefix cache already held (then caches the prompt followed by
-the reply as the client will send it back).
+`compose_answer` takes the next queued reply, else the first matching rule
+of the model script, else the deterministic model's reply (shaped by
+`tool_choice` and `response_format`); gives its tool calls ids, ends its
+text before the first stop sequence and cuts it to `max_tokens`, settles
+the finish reason, and counts usage: prompt and completion tokens, and the
+prompt tokens the prefix cache already held (then caches the prompt
+followed by the reply as the client will send it back).
+
+The prompt is counted as the model sees it: `reasoning_content` takes part
+only where DeepSeek keeps it (in thinking mode, on assistant messages with
+tool calls); elsewhere it is ignored, so clients that send it and clients
+that drop it hit the cache alike.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from actors.providers.simulator.cache import PrefixCache
-from actors.providers.simulator.config import Profile
 from actors.providers.simulator.faults import Fault, SimFinishReason
 from actors.providers.simulator.model import (
     ReplyScript,
     SimReply,
     call_id,
+    default_reasoning,
     deterministic_reply,
     tool_call_json,
 )
+from actors.providers.simulator.script import ModelScript
 from actors.providers.simulator.tokens import render_message, render_prompt, tokenize
 from actors.providers.simulator.validation import Chat
 
@@ -49,31 +58,48 @@ class Answer:
 
 
 def compose_answer(
-    chat: Chat, fault: Fault, *, replies: ReplyScript, cache: PrefixCache, reply_tokens: int
+    chat: Chat,
+    fault: Fault,
+    *,
+    replies: ReplyScript,
+    script: ModelScript | None,
+    cache: PrefixCache,
+    reply_tokens: int,
 ) -> Answer:
     """Answer `chat`, accounting its prompt and reply in `cache`.
 
     Args:
         chat: The validated request.
         fault: The request's fault (it may force the finish reason).
-        replies: Scripted replies; the next one, if any, is consumed.
+        replies: Queued replies; the next one, if any, is consumed.
+        script: Reply rules tried when no reply is queued.
         cache: The prefix cache, looked up for the prompt and then given the
             prompt followed by the reply.
         reply_tokens: The length of a deterministic filler reply, in tokens.
     """
-    prompt = render_prompt(chat.tools, chat.messages)
+    prompt = render_prompt(chat.tools, _as_seen(chat.messages, chat.thinking))
     seed = hashlib.sha256("".join(prompt).encode()).digest()
-    reply = replies.take() or deterministic_reply(
-        chat.messages,
-        thinking=chat.thinking,
-        reply_tokens=reply_tokens,
-        seed=seed,
+    ruled = script.reply_for(chat.messages) if script is not None else None
+    if ruled is not None:
+        ruled = attrs.evolve(ruled, reasoning=_reasoning_in_mode(ruled, chat))
+    reply = (
+        replies.take()
+        or ruled
+        or deterministic_reply(
+            chat.messages,
+            thinking=chat.thinking,
+            reply_tokens=reply_tokens,
+            seed=seed,
+            tools=chat.tools or (),
+            choice=chat.tool_choice,
+            json_mode=chat.json_mode,
+        )
     )
     calls = tuple(
         call if call.id is not None else attrs.evolve(call, id=call_id(seed, n))
         for n, call in enumerate(reply.tool_calls)
     )
-    text_tokens = tokenize(reply.text)
+    text_tokens = tokenize(_until_stop(reply.text, chat.stop))
     truncated = chat.max_tokens is not None and len(text_tokens) > chat.max_tokens
     if chat.max_tokens is not None:
         text_tokens = text_tokens[: chat.max_tokens]
@@ -82,7 +108,7 @@ def compose_answer(
     if finish is None:
         finish = "tool_calls" if calls else "length" if truncated else "stop"
     reasoning_tokens = tokenize(reply.reasoning)
-    completion = render_message(_echo(reply, chat.profile))
+    completion = render_message(_echo(reply, chat.thinking and chat.profile != "r1"))
     hit = cache.lookup(chat.cache_key, prompt)
     cache.insert(chat.cache_key, prompt + completion)
     completion_count = (
@@ -109,10 +135,34 @@ def compose_answer(
     )
 
 
-def _echo(reply: SimReply, profile: Profile) -> dict[str, Any]:
-    """The assistant message a client following `profile` sends back for `reply`."""
+def _reasoning_in_mode(reply: SimReply, chat: Chat) -> str:
+    """A scripted rule's reasoning as the mode allows: none without thinking, some with it."""
+    if not chat.thinking:
+        return ""
+    return reply.reasoning or default_reasoning(chat.messages)
+
+
+def _until_stop(text: str, stop: tuple[str, ...]) -> str:
+    """`text` up to the first stop sequence in it (all of it when there is none)."""
+    found = [index for index in (text.find(s) for s in stop if s) if index >= 0]
+    return text[: min(found)] if found else text
+
+
+def _as_seen(messages: Sequence[Mapping[str, Any]], thinking: bool) -> list[Mapping[str, Any]]:
+    """The messages as the model reads them: `reasoning_content` only where it takes part."""
+    seen: list[Mapping[str, Any]] = []
+    for message in messages:
+        keep = thinking and bool(message.get("tool_calls"))
+        if "reasoning_content" in message and not keep:
+            message = {key: value for key, value in message.items() if key != "reasoning_content"}
+        seen.append(message)
+    return seen
+
+
+def _echo(reply: SimReply, with_reasoning: bool) -> dict[str, Any]:
+    """The assistant message a client following DeepSeek's rule sends back for `reply`."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.text}
-    if reply.tool_calls and profile == "v4":
+    if reply.tool_calls and with_reasoning:
         message["reasoning_content"] = reply.reasoning
     if reply.tool_calls:
         message["tool_calls"] = [tool_call_json(call) for call in reply.tool_calls]

@@ -11,7 +11,8 @@ Routes: `POST /chat/completions` (and `/v1/...`), `GET /models` (and
 routes and authenticates requests; chat requests are validated
 (`validation`), answered by the deterministic model or a scripted reply,
 accounted in the prefix cache, and streamed as server-sent events
-(`streaming`) with the request's `Fault` applied. Every chat request is
+(`streaming`) with the request's `Fault` applied, or, for `stream: false`,
+sent as one `chat.completion` body (`completion`). Every chat request is
 recorded (`requests`), including what became of it: completed, rejected,
 reset, or disconnected by the client.
 """
@@ -29,8 +30,9 @@ from typing import Any, Literal, TypeAlias
 import attrs
 import trio
 
-from actors.providers.simulator.answer import compose_answer
+from actors.providers.simulator.answer import Answer, compose_answer
 from actors.providers.simulator.cache import CacheStatistics, PrefixCache
+from actors.providers.simulator.completion import completion_body, stream_only_fields
 from actors.providers.simulator.config import Profile, SimulatorConfig
 from actors.providers.simulator.exchange import (
     ConnectionReset,
@@ -262,20 +264,27 @@ class SimulatorEngine:
             return _rejected(record, admitted)
         chat, fault = admitted
         record.fault = fault
-        if fault.first_byte_delay:
-            slept = False
-            try:
-                await trio.sleep(fault.first_byte_delay)
-                slept = True
-            finally:
-                if not slept:  # the client gave up waiting for the headers
-                    self._note_abandoned(record)
+        await self._wait_before_headers(record, self.config.latency + fault.first_byte_delay)
         if fault.reset_before_headers:
             raise self._reset(record, "before headers")
         failure = fault_response(fault)
         if failure is not None:
             return _rejected(record, failure)
+        if not chat.stream:
+            return await self._complete(record, chat, fault)
         return self._respond(record, chat, fault)
+
+    async def _wait_before_headers(self, record: RecordedRequest, seconds: float) -> None:
+        """Sleep `seconds`; a client giving up meanwhile is recorded as a disconnect."""
+        if not seconds:
+            return
+        slept = False
+        try:
+            await trio.sleep(seconds)
+            slept = True
+        finally:
+            if not slept:  # the client gave up waiting for the headers
+                self._note_abandoned(record)
 
     def _admit(
         self, record: RecordedRequest, request: SimRequest
@@ -295,29 +304,57 @@ class SimulatorEngine:
             return error_response(400, f"Failed to deserialize the JSON body: {exc}")
         try:
             chat = parse_chat(record.body, self.config)
-            fault = self.faults.take(record.number, request.headers.get(FAULT_HEADER))
+            fault = self.faults.take(
+                record.number, request.headers.get(FAULT_HEADER), model=chat.model
+            )
         except Rejection as exc:
             return error_response(exc.status, exc.message, param=exc.param)
         except FaultError as exc:
             return error_response(400, str(exc), param="X-Sim-Fault")
+        unusable = [] if chat.stream else stream_only_fields(fault)
+        if unusable:
+            return error_response(
+                400,
+                f"fault field(s) {', '.join(unusable)} need a streamed request (stream: true)",
+                param="X-Sim-Fault",
+            )
         return chat, fault
 
-    def _respond(self, record: RecordedRequest, chat: Chat, fault: Fault) -> SimResponse:
+    def _answer(self, record: RecordedRequest, chat: Chat, fault: Fault) -> Answer:
         answer = compose_answer(
             chat,
             fault,
             replies=self.replies,
+            script=self.config.script,
             cache=self._cache,
             reply_tokens=self.config.reply_tokens,
         )
         record.usage = types.MappingProxyType(answer.usage)
+        return answer
+
+    async def _complete(self, record: RecordedRequest, chat: Chat, fault: Fault) -> SimResponse:
+        """Answer a non-streamed request after the time its tokens would take to stream."""
+        answer = self._answer(record, chat, fault)
+        if self.config.token_rate:
+            tokens = int(answer.usage["completion_tokens"])
+            await self._wait_before_headers(record, tokens / self.config.token_rate)
+        body = completion_body(
+            answer, model=chat.model, number=record.number, created=int(self._wall_clock())
+        )
+        record.status = 200
+        record._settle("completed")
+        return json_response(200, body)
+
+    def _respond(self, record: RecordedRequest, chat: Chat, fault: Fault) -> SimResponse:
+        answer = self._answer(record, chat, fault)
         record.status = 200
         record._settle("streaming")
         frames = Frames(
             model=chat.model,
             number=record.number,
             created=int(self._wall_clock()),
-            fault=fault,
+            # Usage goes where the fault puts it, and only when the client asked for it.
+            fault=fault if chat.include_usage else attrs.evolve(fault, usage="none"),
             token_delay=1 / self.config.token_rate if self.config.token_rate else 0.0,
         )
         events = frames.build(

@@ -3,7 +3,8 @@
 A `Fault` is chosen per chat request, in this order: the request's
 `X-Sim-Fault` header (a JSON object of `Fault` fields), then a fault
 scheduled for that request number with `FaultPlan.at`, then the next fault
-queued with `FaultPlan.queue`. Faults apply to requests that passed
+queued for the request's model with `FaultPlan.for_model`, then the next
+fault queued with `FaultPlan.queue`. Faults apply to requests that passed
 authentication and validation.
 """
 
@@ -93,6 +94,9 @@ class Fault:
         reset_before_headers: Drop the connection before any response.
         reset_after_chunks: Drop the connection after this many data events.
         stall_after_chunks: Go silent forever after this many data events.
+        trickle_after_chunks: After this many data events, send only
+            keep-alive lines (`keepalive_line` every `keepalive_interval`
+            seconds) forever: the connection looks alive, no data comes.
         malformed_after_chunks: Send an event that is not JSON after this many
             data events (then go on normally).
         first_byte_delay: Seconds to wait before the response headers.
@@ -117,6 +121,7 @@ class Fault:
     reset_before_headers: bool = attrs.field(default=False, validator=_flag)
     reset_after_chunks: int | None = attrs.field(default=None, validator=_optional_count)
     stall_after_chunks: int | None = attrs.field(default=None, validator=_optional_count)
+    trickle_after_chunks: int | None = attrs.field(default=None, validator=_optional_count)
     malformed_after_chunks: int | None = attrs.field(default=None, validator=_optional_count)
     first_byte_delay: float = attrs.field(default=0.0, validator=_seconds)
     keepalives: int = attrs.field(default=0, validator=_count)
@@ -136,6 +141,8 @@ class Fault:
     def __attrs_post_init__(self) -> None:
         if self.write_size == 0:
             raise FaultError("fault field write_size must be at least 1 byte")
+        if self.trickle_after_chunks is not None and not self.keepalive_interval > 0:
+            raise FaultError("fault field trickle_after_chunks needs a keepalive_interval > 0")
 
     @classmethod
     def from_json(cls, value: object) -> Fault:
@@ -183,11 +190,13 @@ class FaultPlan:
         self._max_pending = max_pending
         self._queue: deque[Fault] = deque()
         self._scheduled: dict[int, Fault] = {}
+        self._by_model: dict[str, deque[Fault]] = {}
 
     @property
     def pending(self) -> int:
         """Faults queued or scheduled and not yet used."""
-        return len(self._queue) + len(self._scheduled)
+        by_model = sum(len(faults) for faults in self._by_model.values())
+        return len(self._queue) + len(self._scheduled) + by_model
 
     def queue(self, *faults: Fault) -> None:
         """Apply `faults` to the next chat requests, one each, in order.
@@ -197,6 +206,18 @@ class FaultPlan:
         """
         self._check_room(len(faults))
         self._queue.extend(faults)
+
+    def for_model(self, model: str, *faults: Fault) -> None:
+        """Apply `faults` to the next chat requests naming `model`, one each, in order.
+
+        Requests for other models are untouched, so faulty and healthy
+        traffic can share one simulator at the same time.
+
+        Raises:
+            FaultError: more than `max_pending` faults would be pending.
+        """
+        self._check_room(len(faults))
+        self._by_model.setdefault(model, deque()).extend(faults)
 
     def at(self, request_number: int, fault: Fault) -> None:
         """Apply `fault` to chat request number `request_number` (0-based).
@@ -212,8 +233,8 @@ class FaultPlan:
         self._check_room(1)
         self._scheduled[request_number] = fault
 
-    def take(self, request_number: int, header: str | None) -> Fault:
-        """The fault for chat request `request_number`, consuming it.
+    def take(self, request_number: int, header: str | None, model: str | None = None) -> Fault:
+        """The fault for chat request `request_number` (for `model`), consuming it.
 
         Raises:
             FaultError: `header` is given and is not a valid fault.
@@ -223,6 +244,11 @@ class FaultPlan:
             return Fault.from_header(header)
         if scheduled is not None:
             return scheduled
+        if model is not None and (for_model := self._by_model.get(model)):
+            fault = for_model.popleft()
+            if not for_model:
+                del self._by_model[model]
+            return fault
         if self._queue:
             return self._queue.popleft()
         return NO_FAULT

@@ -11,7 +11,12 @@ appended after the user's text does not hide it):
 - anything else gets a filler reply of `reply_tokens` tokens, chosen from
   the prompt's digest.
 
-With thinking on (or for a reasoner) a short reasoning text comes first.
+`tool_choice` shapes this: `none` ignores the call lines; `required` with
+no call line calls the first tool, a named function calls that tool (only
+the call lines naming it, else one call); a forced call made up without a
+call line gets `placeholder_arguments`. With `response_format` `json_object`
+the text is a JSON object, `{"text": ...}`. With thinking on (or for a
+reasoner) a short reasoning text comes first.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import attrs
 
+from actors.providers.simulator.choice import AUTO, ToolChoice, placeholder_arguments
 from actors.providers.simulator.faults import SimFinishReason
 from actors.providers.simulator.tokens import content_text, tokenize
 
@@ -150,7 +156,14 @@ class ReplyScript:
 
 
 def deterministic_reply(
-    messages: Sequence[Mapping[str, Any]], *, thinking: bool, reply_tokens: int, seed: bytes
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    thinking: bool,
+    reply_tokens: int,
+    seed: bytes,
+    tools: Sequence[Mapping[str, Any]] = (),
+    choice: ToolChoice = AUTO,
+    json_mode: bool = False,
 ) -> SimReply:
     """The model's reply to validated `messages`; see the module docstring.
 
@@ -159,15 +172,34 @@ def deterministic_reply(
         thinking: Whether to reason first.
         reply_tokens: The length of a filler reply, in tokens.
         seed: A digest of the prompt, choosing the filler words and call ids.
+        tools: The request's tools (validated; a forced call needs them).
+        choice: The request's `tool_choice`.
+        json_mode: Whether the text must be a JSON object.
     """
-    tail = _since_last_assistant(messages)
+    tail = since_last_assistant(messages)
     text = "\n".join(content_text(m.get("content")) for m in tail if m["role"] == "user")
-    reasoning = ""
-    if thinking:
-        reasoning = f"The new input has {len(text.split())} words; I will answer it directly."
+    reasoning = default_reasoning(messages) if thinking else ""
     results = [message for message in tail if message["role"] == "tool"]
-    if results:
-        return SimReply(reasoning=reasoning, text=_cite(results))
+    lines = [] if results else _call_lines(text, seed, choice)
+    calls = _forced(lines, tools, choice, seed)
+    if calls:
+        return SimReply(reasoning=reasoning, tool_calls=tuple(calls))
+    answer = _cite(results) if results else _filler(seed, reply_tokens)
+    if json_mode:
+        answer = json.dumps({"text": answer}, ensure_ascii=False)
+    return SimReply(reasoning=reasoning, text=answer)
+
+
+def default_reasoning(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The built-in model's reasoning text for validated `messages`, in thinking mode."""
+    tail = since_last_assistant(messages)
+    text = "\n".join(content_text(m.get("content")) for m in tail if m["role"] == "user")
+    return f"The new input has {len(text.split())} words; I will answer it directly."
+
+
+def _call_lines(text: str, seed: bytes, choice: ToolChoice) -> list[SimToolCall]:
+    if choice.mode == "none":
+        return []
     calls = []
     for number, match in enumerate(_CALL_LINE.finditer(text)):
         try:
@@ -178,12 +210,37 @@ def deterministic_reply(
             calls.append(
                 SimToolCall(name=match.group(1), arguments=match.group(2), id=call_id(seed, number))
             )
-    if calls:
-        return SimReply(reasoning=reasoning, tool_calls=tuple(calls))
-    return SimReply(reasoning=reasoning, text=_filler(seed, reply_tokens))
+    return calls
 
 
-def _since_last_assistant(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+def _forced(
+    calls: list[SimToolCall],
+    tools: Sequence[Mapping[str, Any]],
+    choice: ToolChoice,
+    seed: bytes,
+) -> list[SimToolCall]:
+    """`calls` as `choice` allows them, or the one call `choice` forces."""
+    if choice.mode == "function":
+        calls = [call for call in calls if call.name == choice.name]
+        forced = [tool for tool in tools if tool["function"]["name"] == choice.name]
+    elif choice.mode == "required":
+        forced = list(tools[:1])
+    else:
+        return calls
+    if calls or not forced:
+        return calls
+    tool = forced[0]
+    return [
+        SimToolCall(
+            name=tool["function"]["name"],
+            arguments=placeholder_arguments(tool),
+            id=call_id(seed, 0),
+        )
+    ]
+
+
+def since_last_assistant(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+    """The new input: the messages after the last assistant message (all when there is none)."""
     for index in range(len(messages) - 1, -1, -1):
         if messages[index]["role"] == "assistant":
             return messages[index + 1 :]

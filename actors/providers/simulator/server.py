@@ -13,6 +13,7 @@ from hypercorn.trio import serve
 from hypercorn.typing import ASGIFramework
 
 from actors.providers.simulator.asgi import SimulatorApp
+from actors.providers.simulator.config import SimulatorConfig
 from actors.providers.simulator.engine import SimulatorEngine
 
 _log = logging.getLogger("actors.providers.simulator")
@@ -47,13 +48,17 @@ async def serve_simulator(
         task_status.started(binds[0])
 
 
-def run_simulator_cli(port: int) -> None:
-    """Run a default simulator on `127.0.0.1:port` until SIGINT or SIGTERM (`harness simulator`).
+def run_simulator_cli(port: int, config: SimulatorConfig | None = None) -> None:
+    """Run a simulator on `127.0.0.1:port` until SIGINT or SIGTERM (`harness simulator`).
 
     Prints the base URL and the API key once listening, and a last line when
     it stops.
+
+    Args:
+        port: The port to listen on; 0 picks a free one (the printed URL names it).
+        config: The simulator's configuration; None: the defaults.
     """
-    engine = SimulatorEngine()
+    engine = SimulatorEngine(config)
 
     async def main() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -195,7 +195,9 @@ async def write_events(
 
     Data events are counted from 0; before the event numbered
     `reset_after_chunks` the stream flushes and raises, before the one
-    numbered `stall_after_chunks` it flushes and sleeps forever, and before
+    numbered `stall_after_chunks` it flushes and sleeps forever, before the
+    one numbered `trickle_after_chunks` it flushes and then writes only the
+    keep-alive line, every `keepalive_interval` seconds, forever, and before
     the one numbered `malformed_after_chunks` it writes an event that is not
     JSON. With `llama_cpp`, a `: ping` comment precedes every data event.
 
@@ -224,6 +226,13 @@ async def write_events(
                 if fault.reset_after_chunks == sent:
                     raise on_reset(sent)
                 await trio.sleep_forever()
+            if fault.trickle_after_chunks == sent:
+                for piece in writer.flush():
+                    yield piece
+                while True:
+                    await trio.sleep(fault.keepalive_interval)
+                    for piece in [*writer.push(f"{fault.keepalive_line}\n\n"), *writer.flush()]:
+                        yield piece
             if fault.malformed_after_chunks == sent:
                 pieces += writer.push('data: {"choices": [{"delta"\n\n')
             if fault.llama_cpp:

@@ -1,9 +1,10 @@
 """Chat-request validation, the way DeepSeek checks a chat-completions body.
 
-`parse_chat` checks the model, `stream`, the message shapes, that tool calls
-and tool results pair up, the reasoning-content rule of the model's profile,
-the tools, `max_tokens` and `thinking`, and returns what the engine needs to
-answer. Anything wrong raises `Rejection` with DeepSeek's status and wording.
+`parse_chat` checks the model, the message shapes, that tool calls and tool
+results pair up, `thinking`, the reasoning-content rule of the model's
+profile in that mode, the tools and the other parameters (`parameters`),
+and returns what the engine needs to answer. Anything wrong raises
+`Rejection` with DeepSeek's status and wording.
 """
 
 from __future__ import annotations
@@ -14,25 +15,12 @@ from typing import Any
 
 import attrs
 
+from actors.providers.simulator.choice import ToolChoice
 from actors.providers.simulator.config import Profile, SimulatorConfig
+from actors.providers.simulator.parameters import parse_parameters
+from actors.providers.simulator.rejection import Rejection as Rejection
 
 _ROLES = ("system", "user", "assistant", "tool")
-
-
-class Rejection(Exception):
-    """A chat request fails validation.
-
-    Attributes:
-        status: The HTTP status to answer with (400 or 422).
-        message: The error message, naming the offending field.
-        param: The offending request parameter, if any.
-    """
-
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
 
 
 @attrs.frozen(kw_only=True)
@@ -45,8 +33,14 @@ class Chat:
         messages: The messages, as sent.
         tools: The tools, as sent, if any.
         max_tokens: The cap on reply text tokens, if any.
-        thinking: Whether the reply reasons first (always for `r1`).
+        thinking: Whether the request is in thinking mode: the reply
+            reasons first (always for `reasoner` and `r1`).
         cache_key: What separates prefix-cache entries: model, thinking, user.
+        stream: Whether to answer with an event stream (else one JSON body).
+        include_usage: Whether a stream carries usage (`stream_options`).
+        stop: Stop sequences; the reply text ends before the first.
+        json_mode: Whether the text must be a JSON object.
+        tool_choice: What the model must do about tools.
     """
 
     model: str
@@ -56,6 +50,11 @@ class Chat:
     max_tokens: int | None
     thinking: bool
     cache_key: str
+    stream: bool
+    include_usage: bool
+    stop: tuple[str, ...]
+    json_mode: bool
+    tool_choice: ToolChoice
 
 
 def parse_chat(body: object, config: SimulatorConfig) -> Chat:
@@ -78,23 +77,12 @@ def parse_chat(body: object, config: SimulatorConfig) -> Chat:
     if profile is None:
         known = ", ".join(sorted(config.profiles))
         raise Rejection(400, f"Model Not Exist: {model!r}; models: {known}", param="model")
-    if body.get("stream") is not True:
-        raise Rejection(400, "the simulator only streams: set stream to true", param="stream")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise Rejection(422, "messages must be a non-empty list", param="messages")
     for index, message in enumerate(messages):
         _check_message(index, message)
     _check_tool_pairing(messages)
-    _check_reasoning(messages, profile)
-    tools = body.get("tools")
-    if tools is not None:
-        _check_tools(tools)
-    max_tokens = body.get("max_tokens")
-    if max_tokens is not None and (
-        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
-    ):
-        raise Rejection(422, "max_tokens must be a positive integer", param="max_tokens")
     thinking_value = body.get("thinking")
     if thinking_value is not None and not (
         isinstance(thinking_value, dict) and thinking_value.get("type") in ("enabled", "disabled")
@@ -104,18 +92,28 @@ def parse_chat(body: object, config: SimulatorConfig) -> Chat:
             'thinking must be {"type": "enabled"} or {"type": "disabled"}',
             param="thinking",
         )
-    thinking = profile == "r1" or (
+    thinking = profile != "v4" or (
         isinstance(thinking_value, dict) and thinking_value.get("type") == "enabled"
     )
+    _check_reasoning(messages, profile, thinking)
+    tools = body.get("tools")
+    if tools is not None:
+        _check_tools(tools)
+    parameters = parse_parameters(body, thinking=thinking, tools=tools)
     user = body.get("user")
     return Chat(
         model=model,
         profile=profile,
         messages=messages,
         tools=tools,
-        max_tokens=max_tokens,
+        max_tokens=parameters.max_tokens,
         thinking=thinking,
         cache_key=json.dumps([model, thinking, user if isinstance(user, str) else None]),
+        stream=parameters.stream,
+        include_usage=parameters.include_usage,
+        stop=parameters.stop,
+        json_mode=parameters.json_mode,
+        tool_choice=parameters.tool_choice,
     )
 
 
@@ -198,23 +196,26 @@ def _unanswered(pending: set[str], where: str, *, param: str) -> Rejection:
     )
 
 
-def _check_reasoning(messages: Sequence[dict[str, Any]], profile: Profile) -> None:
+def _check_reasoning(messages: Sequence[dict[str, Any]], profile: Profile, thinking: bool) -> None:
+    """In thinking mode tool-call turns must pass their reasoning back; r1 refuses any."""
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
         has_reasoning = message.get("reasoning_content") is not None
-        if profile == "v4" and message.get("tool_calls") and not has_reasoning:
+        if profile == "r1":
+            if has_reasoning:
+                raise Rejection(
+                    400,
+                    f"`reasoning_content` is not allowed in input messages for this model "
+                    f"(messages[{index}])",
+                    param=f"messages[{index}].reasoning_content",
+                )
+        elif thinking and message.get("tool_calls") and not has_reasoning:
             raise Rejection(
                 400,
                 f"Missing `reasoning_content` field in the assistant message at message index "
-                f"{index}: an assistant message with tool_calls must carry its reasoning_content",
-                param=f"messages[{index}].reasoning_content",
-            )
-        if profile == "r1" and has_reasoning:
-            raise Rejection(
-                400,
-                f"`reasoning_content` is not allowed in input messages for this model "
-                f"(messages[{index}])",
+                f"{index}: in thinking mode an assistant message with tool_calls must carry "
+                f"its reasoning_content",
                 param=f"messages[{index}].reasoning_content",
             )
 

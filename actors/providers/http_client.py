@@ -1,0 +1,161 @@
+"""How a provider actor's `httpx.AsyncClient` is built: pools, HTTP version, limits.
+
+httpcore's connection pool scans every pooled connection and every waiting
+request each time a request starts or ends, so with hundreds of requests in
+flight through one pool the cost of a request grows with the pool and a
+burst costs quadratic time. Two library-based ways past it, combinable:
+
+- `http2=True`: HTTP/2 only (prior knowledge on `http://`, ALPN on
+  `https://`), so many requests share a few multiplexed connections and the
+  pool stays small. Needs a server that speaks HTTP/2 (Hypercorn serves it
+  in the clear on loopback; DeepSeek's API serves it over TLS).
+- `pools=K`: K independent httpx transports, each with `1/K` of the
+  limits; each request goes to the transport with the fewest responses
+  open, so each pool's scan covers at most `1/K` of the connections.
+
+With the defaults (`http2=False`, `pools=1`) the client is a plain
+`httpx.AsyncClient(timeout=..., limits=...)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import attrs
+import httpx
+
+
+class HttpClientError(ValueError):
+    """An HTTP client setting is out of range; the message names it."""
+
+
+def _at_least_one(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise HttpClientError(f"{attribute.name} must be >= 1, got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class HttpClientSettings:
+    """What a provider actor's HTTP client looks like.
+
+    Attributes:
+        timeout: The client's timeouts.
+        limits: Connection limits, in total over all pools (each of `pools`
+            gets its ceiling share of `max_connections` and
+            `max_keepalive_connections`).
+        http2: Speak HTTP/2 only (see the module docstring).
+        pools: How many independent connection pools to spread requests over.
+    """
+
+    timeout: httpx.Timeout = attrs.field(factory=lambda: httpx.Timeout(30.0, connect=10.0))
+    limits: httpx.Limits = attrs.field(
+        factory=lambda: httpx.Limits(max_connections=64, max_keepalive_connections=16)
+    )
+    http2: bool = False
+    pools: int = attrs.field(default=1, validator=_at_least_one)
+
+    def pool_limits(self) -> httpx.Limits:
+        """The limits of one of the `pools` pools."""
+
+        def share(total: int | None) -> int | None:
+            return None if total is None else max(1, math.ceil(total / self.pools))
+
+        return httpx.Limits(
+            max_connections=share(self.limits.max_connections),
+            max_keepalive_connections=share(self.limits.max_keepalive_connections),
+            keepalive_expiry=self.limits.keepalive_expiry,
+        )
+
+
+@asynccontextmanager
+async def open_http_client(settings: HttpClientSettings) -> AsyncIterator[httpx.AsyncClient]:
+    """An `httpx.AsyncClient` built from `settings`, closed (with its pools) on exit.
+
+    Cancellation: closing the client on exit is what httpx does on
+    `aclose()`; a cancelled exit still closes every pool.
+    """
+    if settings.pools == 1 and not settings.http2:
+        async with httpx.AsyncClient(timeout=settings.timeout, limits=settings.limits) as client:
+            yield client
+        return
+    transports = [
+        httpx.AsyncHTTPTransport(
+            limits=settings.pool_limits(), http1=not settings.http2, http2=settings.http2
+        )
+        for _ in range(settings.pools)
+    ]
+    transport: httpx.AsyncBaseTransport = (
+        transports[0] if len(transports) == 1 else ShardedTransport(transports)
+    )
+    async with httpx.AsyncClient(timeout=settings.timeout, transport=transport) as client:
+        yield client
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """Spreads requests over several httpx transports, each with its own pool.
+
+    Each request goes to the transport with the fewest responses open (the
+    first such one), and counts as open until its response is closed, so
+    long event streams and short requests balance alike. Closing this
+    transport closes every shard.
+
+    Args:
+        shards: The transports; at least one.
+    """
+
+    def __init__(self, shards: Sequence[httpx.AsyncBaseTransport]) -> None:
+        if not shards:
+            raise HttpClientError("a sharded transport needs at least one shard")
+        self._shards = tuple(shards)
+        self._open = [0] * len(shards)
+
+    @property
+    def open_responses(self) -> tuple[int, ...]:
+        """Responses open per shard, in shard order."""
+        return tuple(self._open)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send `request` through the least-loaded shard.
+
+        Cancellation and errors: as the shard's; a request that fails or is
+        cancelled before its response no longer counts as open.
+        """
+        index = self._open.index(min(self._open))
+        self._open[index] += 1
+        sent = False
+        try:
+            response = await self._shards[index].handle_async_request(request)
+            sent = True
+        finally:
+            if not sent:
+                self._open[index] -= 1
+        stream = response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        response.stream = _CountedStream(stream, self._open, index)
+        return response
+
+    async def aclose(self) -> None:
+        """Close every shard."""
+        for shard in self._shards:
+            await shard.aclose()
+
+
+class _CountedStream(httpx.AsyncByteStream):
+    """A response body that stops counting as open once closed (once)."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, counts: list[int], index: int) -> None:
+        self._inner = inner
+        self._counts = counts
+        self._index = index
+        self._closed = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._inner.__aiter__()
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._counts[self._index] -= 1
+        await self._inner.aclose()

@@ -1,0 +1,299 @@
+"""The benchmark's simulator, in its own process so its CPU is not the client's.
+
+`python -m supervision.bench.simulator_process --latency 0.05 --reply-tokens 24`
+serves a `BenchEngine` on a free loopback port (HTTP/1.1, and HTTP/2 with
+prior knowledge, both from Hypercorn) and prints its base URL on the first
+line of stdout. `start_simulator_process` runs it as a child process and
+returns a handle that reads its accounting over HTTP and stops it.
+
+A `BenchEngine` is a `SimulatorEngine` (whose `latency` is the model's time
+to first byte) that keeps two extra counters per run: prompt tokens, and the prompt tokens a perfect
+client could have had from the cache (see `physical_hit_limit`). Routes on
+top of the simulator's: `GET /_bench/stats` (the counters as JSON) and
+`POST /_bench/reset` (zero the counters and empty the prefix cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import attrs
+import httpx
+import hypercorn.trio
+import trio
+from hypercorn.config import Config
+from hypercorn.typing import ASGIFramework
+
+from actors.providers.simulator import (
+    SimRequest,
+    SimResponse,
+    SimulatorApp,
+    SimulatorConfig,
+    SimulatorEngine,
+)
+from actors.providers.simulator.tokens import render_message
+
+STATS_PATH = "/_bench/stats"
+RESET_PATH = "/_bench/reset"
+_CHAT_PATHS = ("/chat/completions", "/v1/chat/completions")
+_JSON = (("content-type", "application/json"),)
+
+
+class SimulatorProcessError(RuntimeError):
+    """The benchmark simulator did not start, or answered its accounting routes badly."""
+
+
+def physical_hit_limit(body: Any, prompt_tokens: int, block_tokens: int) -> int:
+    """The prompt tokens of `body` a perfect client could find in the prefix cache.
+
+    Everything before the request's new input is cacheable: through the
+    last assistant message when there is one (the previous step's prompt
+    and reply), else the tool header and the leading system messages (the
+    part every session of the workload shares). Counted in whole blocks,
+    as the cache counts hits, from the prompt's size (`prompt_tokens`) less
+    the tokens of the new input, so only the short new messages are
+    tokenized. A body that is not a chat request counts 0.
+    """
+    if not isinstance(body, Mapping) or not isinstance(body.get("messages"), Sequence):
+        return 0
+    messages = [m for m in body["messages"] if isinstance(m, Mapping)]
+    last_assistant = max(
+        (index for index, m in enumerate(messages) if m.get("role") == "assistant"), default=-1
+    )
+    start = last_assistant + 1
+    if last_assistant < 0:
+        while start < len(messages) and messages[start].get("role") in ("system", "developer"):
+            start += 1
+    try:
+        new_input = sum(len(render_message(m)) for m in messages[start:])
+    except (KeyError, TypeError):
+        return 0
+    return max(0, prompt_tokens - new_input) // block_tokens * block_tokens
+
+
+def final_reply_script(reply_tokens: int) -> dict[str, Any]:
+    """The model script of the workload: after the tool result, a reply of `reply_tokens` tokens.
+
+    The first step needs no rule: the user message's `call echo {...}` line
+    makes the built-in model call the tool.
+    """
+    text = "Done:" + " word" * max(0, reply_tokens - 3) + "."
+    return {"rules": [{"when": {"input": "tool"}, "reply": {"text": text}}]}
+
+
+@attrs.frozen(kw_only=True)
+class BenchAccounting:
+    """What the simulator accounted over one run.
+
+    Attributes:
+        chat_requests: Chat requests answered with a stream or a JSON body.
+        prompt_tokens: Prompt tokens, summed over those requests.
+        hit_tokens: Prompt tokens the prefix cache served.
+        limit_tokens: Prompt tokens a perfect client could have had served
+            (`physical_hit_limit`; the run's first request counts 0).
+    """
+
+    chat_requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    limit_tokens: int
+
+    @property
+    def hit_ratio(self) -> float:
+        """Served / prompt tokens (0 when nothing was sent)."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def limit_ratio(self) -> float:
+        """The physical limit of `hit_ratio`."""
+        return self.limit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def of_limit(self) -> float:
+        """Served tokens as a fraction of the physical limit (1.0: nothing wasted)."""
+        return self.hit_tokens / self.limit_tokens if self.limit_tokens else 0.0
+
+
+class BenchEngine(SimulatorEngine):
+    """A simulator engine that also accounts hit ratios against their physical limit.
+
+    Args:
+        config: The simulator's configuration (its `latency` is the model's).
+    """
+
+    def __init__(self, config: SimulatorConfig) -> None:
+        super().__init__(config)
+        self._counts = {"chat_requests": 0, "prompt_tokens": 0, "hit_tokens": 0, "limit": 0}
+
+    def accounting(self) -> BenchAccounting:
+        """The counters since the last reset."""
+        return BenchAccounting(
+            chat_requests=self._counts["chat_requests"],
+            prompt_tokens=self._counts["prompt_tokens"],
+            hit_tokens=self._counts["hit_tokens"],
+            limit_tokens=self._counts["limit"],
+        )
+
+    def reset(self) -> None:
+        """Zero the counters and empty the prefix cache."""
+        for key in self._counts:
+            self._counts[key] = 0
+        self.flush_cache()
+
+    async def handle(self, request: SimRequest) -> SimResponse:
+        """Answer the accounting routes, or answer and account a chat request."""
+        if request.path == STATS_PATH:
+            return SimResponse(
+                status=200,
+                headers=_JSON,
+                body=json.dumps(attrs.asdict(self.accounting())).encode(),
+            )
+        if request.path == RESET_PATH:
+            self.reset()
+            return SimResponse(status=200, headers=_JSON, body=b"{}")
+        if request.path not in _CHAT_PATHS:
+            return await super().handle(request)
+        response = await super().handle(request)
+        self._account(request)
+        return response
+
+    def _account(self, request: SimRequest) -> None:
+        record = next((r for r in reversed(self.requests) if r.raw is request.body), None)
+        if record is None or record.usage is None:
+            return
+        first = self._counts["chat_requests"] == 0
+        prompt_tokens = int(record.usage["prompt_tokens"])
+        self._counts["chat_requests"] += 1
+        self._counts["prompt_tokens"] += prompt_tokens
+        self._counts["hit_tokens"] += int(record.usage["prompt_cache_hit_tokens"])
+        if not first:
+            self._counts["limit"] += physical_hit_limit(
+                record.body, prompt_tokens, self.config.cache_block_tokens
+            )
+
+
+@attrs.define(eq=False)
+class SimulatorProcess:
+    """A running benchmark simulator process; use as a context manager to stop it."""
+
+    url: str
+    process: subprocess.Popen[str]
+
+    def accounting(self) -> BenchAccounting:
+        """The simulator's counters since its last reset.
+
+        Raises:
+            SimulatorProcessError: the route did not answer as expected.
+        """
+        try:
+            response = httpx.get(self.url + STATS_PATH, timeout=30.0)
+            response.raise_for_status()
+            return BenchAccounting(**response.json())
+        except (httpx.HTTPError, TypeError, ValueError) as exc:
+            raise SimulatorProcessError(f"simulator at {self.url}: stats failed: {exc}") from exc
+
+    def reset(self) -> None:
+        """Zero the counters and empty the prefix cache.
+
+        Raises:
+            SimulatorProcessError: the route did not answer as expected.
+        """
+        try:
+            httpx.post(self.url + RESET_PATH, timeout=30.0).raise_for_status()
+        except httpx.HTTPError as exc:
+            raise SimulatorProcessError(f"simulator at {self.url}: reset failed: {exc}") from exc
+
+    def cpu_seconds(self) -> float:
+        """The CPU time the simulator process has used so far (Linux `/proc`)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        """Terminate the process and wait for it (killed after 10 s)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> SimulatorProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_simulator_process(*, latency: float, reply_tokens: int) -> SimulatorProcess:
+    """Start the benchmark simulator in a child process; returns once it listens.
+
+    Raises:
+        SimulatorProcessError: the process exited or printed no URL.
+    """
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "supervision.bench.simulator_process",
+            "--latency",
+            str(latency),
+            "--reply-tokens",
+            str(reply_tokens),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    url = process.stdout.readline().strip()
+    if not url.startswith("http://"):
+        process.kill()
+        process.wait()
+        raise SimulatorProcessError(f"the benchmark simulator did not start (printed {url!r})")
+    return SimulatorProcess(url=url, process=process)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Serve a `BenchEngine` on a free loopback port until terminated."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--latency", type=float, default=0.05, help="seconds per request")
+    parser.add_argument("--reply-tokens", type=int, default=24, help="final reply length")
+    args = parser.parse_args(argv)
+    engine = BenchEngine(
+        SimulatorConfig(
+            reply_tokens=args.reply_tokens,
+            latency=args.latency,
+            script=final_reply_script(args.reply_tokens),
+            cache_max_blocks=1 << 22,
+            max_recorded=64,
+        )
+    )
+
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("supervision.bench.simulator")
+    config.backlog = 4096
+    # One HTTP/2 connection may carry every request of a run.
+    config.h2_max_concurrent_streams = 100_000
+    app = cast(ASGIFramework, SimulatorApp(engine))
+
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            binds: list[str] = await nursery.start(partial(hypercorn.trio.serve, app, config))
+            print(binds[0], flush=True)
+
+    trio.run(serve)
+
+
+if __name__ == "__main__":
+    main()

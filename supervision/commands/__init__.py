@@ -1,0 +1,1 @@
+"""The `harness` subcommands, one module per group; `supervision.cli` wires them up."""

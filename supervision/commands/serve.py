@@ -1,0 +1,132 @@
+"""`harness serve`: the runtime, the gateway and the dashboard of a deployment on one port.
+
+The deployment's agent profiles become the gateway's `session/new`
+profiles (with their subagent tools); subagents the agents start are
+announced to the gateway with their parent, so supervisors see the tree.
+Its first stdout lines, each flushed at once: `gateway ws://HOST:PORT/acp`,
+`dashboard http://HOST:PORT/` and, when the token was generated, `token
+VALUE`. SIGINT or SIGTERM stops it cleanly (live turns end aborted, the
+store is flushed) with exit status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+from importlib.resources import files
+from pathlib import Path
+
+import trio
+
+from actors.session.session import system_clock_ms
+from supervision.commands.common import EXIT_OK, Commands, add_config_options, config_of
+from supervision.config import DeploymentConfig, Environment
+from supervision.deployment import Deployment, open_deployment
+from supervision.gateway import AgentProfile, Gateway, Token, serve_gateway
+
+STATIC_DIR = Path(str(files("supervision.gateway") / "static"))
+"""The dashboard's files, served at `/`."""
+
+
+def register(commands: Commands) -> None:
+    """Add `serve` to the `harness` parser."""
+    serve = commands.add_parser(
+        "serve", help="run the deployment with the gateway (ws://HOST:PORT/acp) and the dashboard"
+    )
+    add_config_options(serve)
+    serve.add_argument("--host", default=None, help="address to listen on (default: config)")
+    serve.add_argument("--port", type=int, default=None, help="port (0: any free one)")
+    serve.add_argument(
+        "--token", default=None, help="bearer token with every scope (default: $HARNESS_TOKEN)"
+    )
+    serve.set_defaults(handler=serve_command)
+
+
+def tokens_of(
+    config: DeploymentConfig, environment: Environment, given: str | None
+) -> tuple[list[Token], str | None]:
+    """The gateway's tokens, and the generated one to print (None when none was generated).
+
+    `given` (from `--token` or `HARNESS_TOKEN`) has every scope on every
+    session; the config's `[[gateway.tokens]]` come next; with neither, a
+    random token is generated.
+    """
+    tokens = [
+        Token(secret=t.value, scopes=frozenset(t.scopes), sessions=t.sessions, name=f"config:{i}")
+        for i, t in enumerate(environment.tokens)
+    ]
+    generated = None
+    if given:
+        tokens.insert(0, Token(secret=given, name="command-line"))
+    elif not tokens:
+        generated = secrets.token_urlsafe(24)
+        tokens.append(Token(secret=generated, name="generated"))
+    return tokens, generated
+
+
+def profiles_of(deployment: Deployment) -> dict[str, AgentProfile]:
+    """The gateway profiles of the deployment's agent profiles."""
+    profiles = {}
+    for name in deployment.config.agents:
+        spec = deployment.spec(name)
+        profiles[name] = AgentProfile(
+            options=spec.options,
+            tools=spec.tools,
+            setup=spec.setup,
+            subagents=spec.subagents,
+            child_setup=spec.child_setup,
+        )
+    return profiles
+
+
+async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
+    """Run until SIGINT/SIGTERM.
+
+    Raises:
+        ConfigError: a secret the config names is not set.
+        GatewayError: the address cannot be bound.
+    """
+    host = args.host or config.gateway.host
+    port = config.gateway.port if args.port is None else args.port
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with open_deployment(config, store_path=args.store) as deployment:
+            tokens, generated = tokens_of(
+                config, deployment.environment, args.token or os.environ.get("HARNESS_TOKEN")
+            )
+            async with trio.open_nursery() as nursery:
+                gateway: Gateway = await nursery.start(
+                    lambda task_status: serve_gateway(
+                        deployment.runtime,
+                        host=host,
+                        port=port,
+                        tokens=tokens,
+                        profiles=profiles_of(deployment),
+                        origins=config.gateway.origins,
+                        static_dir=STATIC_DIR,
+                        task_status=task_status,
+                    )
+                )
+                directory = gateway.directory
+
+                def adopt(child: str, parent: str, profile: str) -> None:
+                    directory.adopt(
+                        child, agent=profile, parent=parent, created_at=system_clock_ms()
+                    )
+
+                deployment.on_child(adopt)
+                print(f"gateway {gateway.url}", flush=True)
+                print(f"dashboard http://{gateway.host}:{gateway.port}/", flush=True)
+                if generated is not None:
+                    print(f"token {generated}", flush=True)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """`harness serve [--config FILE] [--host H] [--port P] [--store PATH] [--token T]`."""
+    config = config_of(args)
+    trio.run(serve, args, config)
+    return EXIT_OK

@@ -1,0 +1,294 @@
+"""`agent.run()`, `max_steps`, closed agents and the domain errors leaving `open_agent`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from actors.agent import (
+    AgentClosedError,
+    AgentOptions,
+    Reject,
+    TurnFailedError,
+    TurnResult,
+    open_agent,
+)
+from actors.agent.decisions import PreStepNext, StepDecision, StepProposal
+from actors.prompt import PromptError, PromptSection, SystemPrompt
+from actors.providers import Reply, ScriptedProvider, ToolCall
+from actors.providers.chunks import Usage
+from actors.session import SessionError, SQLiteStore
+from tests.agent.helpers import data_of, turn_end_kinds
+from tests.agent.test_turns import ECHO
+
+OPTIONS = AgentOptions(model="m")
+
+
+def tool_loop(replies: int) -> list[Reply]:
+    """`replies` scripted replies that each call the echo tool."""
+    return [
+        Reply.tool_calls([ToolCall(id=f"c{i}", name="echo", arguments='{"text": "x"}')])
+        for i in range(replies)
+    ]
+
+
+# -- run() for each turn-end kind ------------------------------------------------------
+
+
+async def test_run_returns_the_final_text_messages_and_summed_usage() -> None:
+    provider = ScriptedProvider(
+        [
+            Reply.tool_calls(
+                [ToolCall(id="c1", name="echo", arguments='{"text": "hi"}')],
+                usage=Usage(input_tokens=100, output_tokens=5, cache_read_tokens=0),
+            ),
+            Reply.text(
+                "All done.", usage=Usage(input_tokens=120, output_tokens=7, cache_read_tokens=64)
+            ),
+        ]
+    )
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=provider, tools=[ECHO], options=OPTIONS
+    ) as agent:
+        result = await agent.run("echo hi")
+    assert isinstance(result, TurnResult)
+    assert (result.turn, result.reason.kind, result.text) == (0, "completed", "All done.")
+    assert [m.role for m in result.messages] == ["user", "assistant", "user", "assistant"]
+    assert result.messages[0].text == "echo hi"
+    assert result.usage == Usage(input_tokens=220, output_tokens=12, cache_read_tokens=64)
+
+
+async def test_run_returns_a_max_tokens_turn() -> None:
+    provider = ScriptedProvider([Reply.max_tokens("cut off here")])
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=provider, options=OPTIONS
+    ) as agent:
+        result = await agent.run("write a lot")
+    assert (result.reason.kind, result.text) == ("max-tokens", "cut off here")
+
+
+async def test_run_raises_for_an_error_turn_naming_the_cause() -> None:
+    provider = ScriptedProvider([Reply.failure("auth_failed", "invalid API key", status=401)])
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=provider, options=OPTIONS
+    ) as agent:
+        with pytest.raises(
+            TurnFailedError, match=r"turn 0 failed \(auth_failed\): invalid API key"
+        ):
+            await agent.run("hi")
+        with pytest.raises(TurnFailedError) as raised:
+            await agent.run("again")
+    assert isinstance(raised.value, RuntimeError)
+    assert raised.value.reason.kind == "error" and raised.value.turn == 1
+
+
+async def test_run_raises_for_a_persona_with_an_unknown_variable() -> None:
+    prompt = SystemPrompt(persona="You are {{unknown}}.")
+    async with open_agent(
+        system_prompt=prompt, provider=ScriptedProvider([Reply.text("x")]), options=OPTIONS
+    ) as agent:
+        with pytest.raises(TurnFailedError, match=r"\{\{unknown\}\}") as raised:
+            await agent.run("hi")
+    assert raised.value.reason.error is not None
+
+
+async def test_run_raises_for_a_blocked_turn() -> None:
+    async def refuse(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        return Reject(reason="policy")
+
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=ScriptedProvider([]), options=OPTIONS
+    ) as agent:
+        agent.on_pre_step(refuse)
+        with pytest.raises(TurnFailedError, match=r"was blocked") as raised:
+            await agent.run("hi")
+    assert raised.value.reason.kind == "blocked"
+
+
+async def test_run_raises_for_an_aborted_turn() -> None:
+    async with open_agent(
+        system_prompt=SystemPrompt(),
+        provider=ScriptedProvider([Reply.hang("thinking")]),
+        options=OPTIONS,
+    ) as agent:
+
+        async def cancel_soon() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            agent.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_soon)
+            with pytest.raises(TurnFailedError, match=r"aborted \(by user\)") as raised:
+                await agent.run("hi")
+    assert raised.value.reason.kind == "aborted"
+
+
+async def test_run_waits_for_its_own_turn_not_an_earlier_one() -> None:
+    provider = ScriptedProvider([Reply.text("first"), Reply.text("second")])
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=provider, options=OPTIONS
+    ) as agent:
+        agent.followup("one")
+        result = await agent.run("two")
+    assert (result.turn, result.text) == (1, "second")
+
+
+async def test_run_input_dropped_by_cancel_raises() -> None:
+    gate = trio.Event()
+
+    async def hold(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        await gate.wait()
+        return await next()
+
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=ScriptedProvider([Reply.text("a")]), options=OPTIONS
+    ) as agent:
+        agent.on_pre_step(hold)
+        agent.followup("first")
+        await trio.testing.wait_all_tasks_blocked()
+
+        async def cancel_soon() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            agent.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_soon)
+            with pytest.raises(TurnFailedError, match=r"dropped before a turn took it") as raised:
+                await agent.run("second")
+    assert raised.value.turn is None
+
+
+# -- max_steps -------------------------------------------------------------------------
+
+
+async def test_max_steps_defaults_to_50() -> None:
+    assert AgentOptions(model="m").max_steps == 50
+
+
+async def test_max_steps_stops_a_tool_loop_at_exactly_that_many_steps() -> None:
+    provider = ScriptedProvider(tool_loop(10))
+    async with open_agent(
+        system_prompt=SystemPrompt(),
+        provider=provider,
+        tools=[ECHO],
+        options=AgentOptions(model="m", max_steps=3),
+    ) as agent:
+        with pytest.raises(TurnFailedError, match=r"max_steps") as raised:
+            await agent.run("loop")
+    assert len(provider.requests) == 3
+    assert len(data_of(agent.session, "step/start")) == 3
+    assert len(data_of(agent.session, "tool/result")) == 3  # the last step's tools still ran
+    error = raised.value.reason.error
+    assert error is not None and error.code == "max_steps"
+    assert "max_steps is 3" in error.message
+
+
+async def test_a_turn_that_needs_exactly_max_steps_completes() -> None:
+    provider = ScriptedProvider([*tool_loop(2), Reply.text("done")])
+    async with open_agent(
+        system_prompt=SystemPrompt(),
+        provider=provider,
+        tools=[ECHO],
+        options=AgentOptions(model="m", max_steps=3),
+    ) as agent:
+        result = await agent.run("loop")
+    assert result.text == "done"
+
+
+async def test_max_steps_none_means_no_limit() -> None:
+    provider = ScriptedProvider([*tool_loop(60), Reply.text("done")])
+    async with open_agent(
+        system_prompt=SystemPrompt(),
+        provider=provider,
+        tools=[ECHO],
+        options=AgentOptions(model="m", max_steps=None),
+    ) as agent:
+        result = await agent.run("loop")
+    assert result.text == "done" and len(provider.requests) == 61
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5])
+def test_max_steps_must_be_a_positive_int(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"max_steps must be a positive int or None"):
+        AgentOptions(model="m", max_steps=bad)  # type: ignore[arg-type]
+
+
+# -- closed agents ---------------------------------------------------------------------
+
+
+async def closed_agent() -> object:
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=ScriptedProvider([]), options=OPTIONS
+    ) as agent:
+        pass
+    return agent
+
+
+@pytest.mark.parametrize("method", ["followup", "steer", "inject"])
+async def test_input_after_close_raises_agent_closed_error(method: str) -> None:
+    agent = await closed_agent()
+    with pytest.raises(AgentClosedError, match=r"session '[0-9a-f]+' is closed"):
+        getattr(agent, method)("too late")
+
+
+async def test_run_after_close_raises_agent_closed_error() -> None:
+    agent = await closed_agent()
+    with pytest.raises(AgentClosedError, match=r"is closed"):
+        await agent.run("too late")  # type: ignore[attr-defined]
+
+
+async def test_run_waiting_when_the_agent_closes_raises() -> None:
+    gate = trio.Event()
+
+    async def hold(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        await gate.wait()
+        return await next()
+
+    failures: list[BaseException] = []
+    async with (
+        trio.open_nursery() as nursery,
+        open_agent(
+            system_prompt=SystemPrompt(), provider=ScriptedProvider([]), options=OPTIONS
+        ) as agent,
+    ):
+        agent.on_pre_step(hold)
+        agent.followup("first")
+
+        async def wait_run() -> None:
+            try:
+                await agent.run("queued")
+            except (AgentClosedError, TurnFailedError) as exc:
+                failures.append(exc)
+
+        nursery.start_soon(wait_run)
+        await trio.testing.wait_all_tasks_blocked()
+    assert len(failures) == 1 and isinstance(failures[0], AgentClosedError)
+    assert turn_end_kinds(agent.session) == ["aborted"]
+
+
+# -- domain errors ---------------------------------------------------------------------
+
+
+async def test_bad_store_path_raises_session_error_naming_the_path(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    path = blocker / "sessions.sqlite"
+    with pytest.raises(SessionError, match=rf"SQLite store '{path}': cannot open the database"):
+        async with open_agent(
+            system_prompt=SystemPrompt(),
+            provider=ScriptedProvider([]),
+            store=SQLiteStore(path),
+            options=OPTIONS,
+        ):
+            pytest.fail("the agent opened over an unusable store")
+
+
+async def test_an_error_in_the_body_leaves_open_agent_unwrapped() -> None:
+    prompt = SystemPrompt()
+    with pytest.raises(PromptError, match=r"'dup'"):
+        async with open_agent(system_prompt=prompt, provider=ScriptedProvider([]), options=OPTIONS):
+            prompt.section(PromptSection(name="dup", order=1, text="a"))
+            prompt.section(PromptSection(name="dup", order=1, text="b"))

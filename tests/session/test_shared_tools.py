@@ -1,0 +1,76 @@
+"""One decoded copy of a deployment's tool schemas, shared by every session of a MemoryStore."""
+
+from __future__ import annotations
+
+from actors.prompt.types import ToolSchema
+from actors.session import MemoryStore
+from actors.session.codec import event_to_json, event_to_shared_json
+from actors.session.events import Event, RequestHeaderLogged
+from actors.session.header import RequestHeader
+
+TOOLS = tuple(
+    ToolSchema(
+        name=f"tool_{index}",
+        description="does a thing",
+        parameters={"type": "object", "properties": {"a": {"type": "string"}}},
+    )
+    for index in range(3)
+)
+
+
+def _header_event(tools: tuple[ToolSchema, ...] = TOOLS) -> Event:
+    return Event(
+        type="request/header",
+        seq=0,
+        time=0,
+        data=RequestHeaderLogged(
+            header=RequestHeader(config={"model": "m"}, system="s", tools=tools),
+            reason="initial",
+        ),
+    )
+
+
+def test_headers_with_the_same_schemas_share_one_decoded_tools_list() -> None:
+    first = event_to_shared_json(_header_event())["data"]["header"]["tools"]
+    second = event_to_shared_json(_header_event())["data"]["header"]["tools"]
+    assert first is second
+    assert first == event_to_json(_header_event())["data"]["header"]["tools"]
+
+
+def test_the_public_json_form_is_a_fresh_copy_every_time() -> None:
+    shared = event_to_shared_json(_header_event())["data"]["header"]["tools"]
+    public = event_to_json(_header_event())["data"]["header"]["tools"]
+    assert public is not shared
+    public[0]["name"] = "changed"
+    assert shared[0]["name"] == "tool_0"
+
+
+def test_different_schemas_get_their_own_list() -> None:
+    other = tuple(ToolSchema(name=t.name, description="other", parameters={}) for t in TOOLS)
+    mine = event_to_shared_json(_header_event())["data"]["header"]["tools"]
+    theirs = event_to_shared_json(_header_event(other))["data"]["header"]["tools"]
+    assert mine is not theirs
+    assert theirs[0]["description"] == "other"
+
+
+async def test_a_memory_store_keeps_one_copy_across_sessions_and_loads_them_exactly() -> None:
+    store = MemoryStore()
+    for session in ("a", "b"):
+        await store.create(session)
+        await store.append(session, [_header_event()])
+    stored = [store._logs[s][0]["data"]["header"]["tools"] for s in ("a", "b")]
+    assert stored[0] is stored[1]
+    loaded = [await store.load(s) for s in ("a", "b")]
+    assert loaded[0] == loaded[1] == [_header_event()]
+    data = loaded[0][0].data
+    assert isinstance(data, RequestHeaderLogged)
+    assert data.header.tools == TOOLS
+
+
+async def test_loading_a_shared_tools_list_gives_back_the_very_schemas_logged() -> None:
+    store = MemoryStore()
+    await store.create("a")
+    await store.append("a", [_header_event()])
+    (event,) = await store.load("a")
+    assert isinstance(event.data, RequestHeaderLogged)
+    assert all(a is b for a, b in zip(event.data.header.tools, TOOLS, strict=True))

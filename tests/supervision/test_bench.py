@@ -1,0 +1,146 @@
+"""The parallel-session benchmark: its simulator accounting, one level end to end, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+from actors.providers.simulator import SimulatorConfig, serve_simulator
+from actors.providers.simulator.tokens import render_message
+from supervision.bench.harness_run import LevelSettings, run_level
+from supervision.bench.report import format_table, write_plot
+from supervision.bench.simulator_process import BenchEngine, physical_hit_limit
+from supervision.bench.workload import (
+    SESSION_MARK,
+    tool_definitions,
+    user_message,
+    workload_json,
+)
+
+SYSTEM = {"role": "system", "content": "s " * 200}
+USER = {"role": "user", "content": "hello there"}
+
+
+def test_the_limit_of_a_first_step_is_the_shared_tools_and_system_prefix() -> None:
+    body = {"tools": [], "messages": [SYSTEM, USER]}
+    prompt = 500
+    expected = (prompt - len(render_message(USER))) // 64 * 64
+    assert physical_hit_limit(body, prompt, 64) == expected
+
+
+def test_the_limit_of_a_later_step_reaches_through_the_last_assistant_message() -> None:
+    assistant = {"role": "assistant", "content": "ok"}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "session 1"}
+    body = {"messages": [SYSTEM, USER, assistant, result]}
+    assert physical_hit_limit(body, 1000, 64) == (1000 - len(render_message(result))) // 64 * 64
+
+
+def test_a_body_that_is_not_a_chat_has_no_limit() -> None:
+    assert physical_hit_limit(["not", "a", "chat"], 100, 64) == 0
+    assert physical_hit_limit({"messages": [{"role": "tool"}]}, 100, 64) == 0
+
+
+def test_the_workload_has_40_two_parameter_tools_and_a_session_template() -> None:
+    tools = tool_definitions()
+    assert len(tools) == 40 and tools[0]["name"] == "echo"
+    assert {len(t["parameters"]["properties"]) for t in tools} == {2}
+    template = workload_json()["user_message_template"]
+    assert template.replace(SESSION_MARK, "7") == user_message(7)
+
+
+async def test_one_level_runs_every_turn_and_the_engine_accounts_its_cache() -> None:
+    engine = BenchEngine(SimulatorConfig())
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_simulator, engine)
+        steps: list[int] = []
+        result = await run_level(
+            url, LevelSettings(sessions=4, sequential_turns=2, http2=True), on_step=steps.append
+        )
+        nursery.cancel_scope.cancel()
+    assert (result.sessions, result.steps, result.failed_turns) == (4, 8, 0)
+    # Two warm-up turns, the concurrent ones, the idle-session probe and the sequential ones.
+    assert len(steps) == 2 * (2 + 4 + 1 + 2)
+    accounting = engine.accounting()
+    assert accounting.chat_requests == len(steps)
+    assert 0 < accounting.hit_tokens <= accounting.limit_tokens < accounting.prompt_tokens
+    # Harness keeps the prefix byte-stable: it reaches the physical limit.
+    assert accounting.of_limit == 1.0
+
+
+async def test_the_bench_routes_report_and_reset_the_counters() -> None:
+    engine = BenchEngine(SimulatorConfig())
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_simulator, engine)
+        async with httpx.AsyncClient() as client:
+            await client.post(
+                url + "/chat/completions",
+                headers={"authorization": "Bearer sk-simulator"},
+                json={"model": "deepseek-chat", "messages": [USER], "stream": True},
+            )
+            stats = (await client.get(url + "/_bench/stats")).json()
+            assert stats["chat_requests"] == 1 and stats["prompt_tokens"] > 0
+            await client.post(url + "/_bench/reset")
+            stats = (await client.get(url + "/_bench/stats")).json()
+        nursery.cancel_scope.cancel()
+    assert stats == {"chat_requests": 0, "prompt_tokens": 0, "hit_tokens": 0, "limit_tokens": 0}
+
+
+def _row(framework: str, sessions: int) -> dict[str, object]:
+    return {
+        "framework": framework,
+        "sessions": sessions,
+        "wall_s": 1.5,
+        "cpu_ms_per_step": 2.0,
+        "rss_kb_per_idle_session": 30.0,
+        "failed_turns": 0,
+        "cache": {"hit_ratio": 0.9, "limit_ratio": 0.95},
+    }
+
+
+def test_the_table_shows_each_row_and_its_cache_ratio_against_the_limit() -> None:
+    table = format_table([_row("harness", 1000), _row("langgraph", 100)])
+    lines = table.splitlines()
+    assert len(lines) == 3 and "1,000" in lines[1] and "90.0% / 95.0%" in lines[1]
+    assert "langgraph" in lines[2]
+
+
+def test_the_plot_is_written_as_a_png(tmp_path: Path) -> None:
+    path = tmp_path / "plot.png"
+    write_plot([_row("harness", 100), _row("harness", 1000), _row("peer", 100)], path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_harness_bench_parallel_runs_levels_in_child_processes(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "supervision.cli",
+            "bench",
+            "parallel",
+            "--sessions",
+            "3",
+            "--latency",
+            "0",
+            "--sequential-turns",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "harness, 3 sessions" in done.stderr  # the progress bar
+    (row,) = json.loads(out.read_text())
+    assert (row["framework"], row["sessions"], row["failed_turns"]) == ("harness", 3, 0)
+    assert row["cache"]["of_limit"] == 1.0
+    assert "harness" in done.stdout.splitlines()[1]
