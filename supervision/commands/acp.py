@@ -17,7 +17,6 @@ import sys
 
 import trio
 
-from actors.session.session import system_clock_ms
 from supervision.commands.common import EXIT_OK, Commands, add_config_options, config_of
 from supervision.commands.serve import profiles_of
 from supervision.config import DeploymentConfig
@@ -50,9 +49,7 @@ async def serve_stdio(
     async with open_deployment(config, store_path=store_path) as deployment:
         directory = SessionDirectory(runtime=deployment.runtime, profiles=profiles_of(deployment))
         deployment.on_child(
-            lambda child, parent, profile: directory.adopt(
-                child, agent=profile, parent=parent, created_at=system_clock_ms()
-            )
+            lambda child, parent, profile: directory.adopt(child, agent=profile, parent=parent)
         )
         gateway = Gateway(
             runtime=deployment.runtime,

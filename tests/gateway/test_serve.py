@@ -61,7 +61,7 @@ async def test_harness_serve_prints_its_urls_serves_a_prompt_and_stops_on_sigter
             async with httpx.AsyncClient() as http:
                 assert (await http.get(url + "healthz")).status_code == 200
                 page = await http.get(url)
-                assert page.status_code == 200
+                assert page.status_code == 200 and '<script src="dashboard.js">' in page.text
             host, port = gateway_line.removeprefix("gateway ws://").removesuffix("/acp").split(":")
             async with open_client(
                 host, int(port), headers=[("Authorization", f"Bearer {token}")]
