@@ -22,7 +22,7 @@ import httpx
 import trio
 
 from actors.agent import Agent, AgentOptions, Tool
-from actors.context import TimeContext, TmuxContext, WorkspaceInstructions
+from actors.context import Compaction, TimeContext, TmuxContext, WorkspaceInstructions
 from actors.prompt import (
     PERSONA_ORDER,
     PERSONA_SECTION,
@@ -183,8 +183,10 @@ class Deployment:
                     TimeContext().install(agent)
                 elif name == "workspace":
                     WorkspaceInstructions(root=root).install(agent)
-                else:
+                elif name == "tmux":
                     TmuxContext().install(agent)
+                else:
+                    Compaction().install(agent)
 
         return setup
 

@@ -31,6 +31,7 @@ from supervision.commands.common import (
 from supervision.config import DeploymentConfig, Environment
 from supervision.deployment import Deployment, open_deployment
 from supervision.gateway import AgentProfile, Gateway, GatewayError, Token, serve_gateway
+from supervision.gateway.serve import run_acp
 
 STATIC_DIR = Path(str(files("supervision.gateway") / "static"))
 """The dashboard's files, served at `/`."""
@@ -48,6 +49,11 @@ def register(commands: Commands) -> None:
         "--token", default=None, help="bearer token with every scope (default: $HARNESS_TOKEN)"
     )
     serve.set_defaults(handler=serve_command)
+    acp = commands.add_parser(
+        "acp", help="serve one ACP client over stdin/stdout, the way editors launch agents"
+    )
+    acp.add_argument("--store", type=Path, default=None, help="SQLite session store")
+    acp.set_defaults(handler=lambda args: run_acp(store=args.store))
 
 
 def tokens_of(
