@@ -1,4 +1,4 @@
-"""`harness serve`: the runtime, the gateway and the dashboard of a deployment on one port.
+"""`harness serve` and `harness acp`: a deployment behind the gateway, on a port or on stdio.
 
 The deployment's agent profiles become the gateway's `session/new`
 profiles (with their subagent tools); subagents the agents start are
@@ -6,7 +6,9 @@ announced to the gateway with their parent, so supervisors see the tree.
 Its first stdout lines, each flushed at once: `gateway ws://HOST:PORT/acp`,
 `dashboard http://HOST:PORT/` and, when the token was generated, `token
 VALUE`. SIGINT or SIGTERM stops it cleanly (live turns end aborted, the
-store is flushed) with exit status 0.
+store is flushed) with exit status 0. `harness acp` serves the same
+deployment to one ACP client over stdin/stdout (an editor launching the
+agent), with every scope; EOF on stdin stops it the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import os
 import secrets
 import signal
+import sys
 from importlib.resources import files
 from pathlib import Path
 
@@ -31,7 +34,9 @@ from supervision.commands.common import (
 from supervision.config import DeploymentConfig, Environment
 from supervision.deployment import Deployment, open_deployment
 from supervision.gateway import AgentProfile, Gateway, GatewayError, Token, serve_gateway
-from supervision.gateway.serve import run_acp
+from supervision.gateway.auth import Principal
+from supervision.gateway.sessions import SessionDirectory
+from supervision.gateway.stdio import StdioTransport
 
 STATIC_DIR = Path(str(files("supervision.gateway") / "static"))
 """The dashboard's files, served at `/`."""
@@ -52,8 +57,8 @@ def register(commands: Commands) -> None:
     acp = commands.add_parser(
         "acp", help="serve one ACP client over stdin/stdout, the way editors launch agents"
     )
-    acp.add_argument("--store", type=Path, default=None, help="SQLite session store")
-    acp.set_defaults(handler=lambda args: run_acp(store=args.store))
+    add_config_options(acp)
+    acp.set_defaults(handler=acp_command)
 
 
 def tokens_of(
@@ -138,6 +143,55 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
                 async for _ in signals:
                     nursery.cancel_scope.cancel()
                     break
+
+
+async def serve_acp(
+    args: argparse.Namespace,
+    config: DeploymentConfig,
+    stdin: trio.abc.ReceiveStream,
+    stdout: trio.abc.SendStream,
+) -> None:
+    """Serve one ACP client over `stdin`/`stdout` until EOF (live turns then end aborted).
+
+    The process boundary is the trust boundary: the client has every scope.
+
+    Raises:
+        ConfigError: a secret the config names is not set.
+    """
+    async with open_deployment(config, store_path=args.store) as deployment:
+        gateway = Gateway(
+            runtime=deployment.runtime,
+            directory=SessionDirectory(
+                runtime=deployment.runtime, profiles=profiles_of(deployment)
+            ),
+            tokens=(),
+            origins=(),
+            host="stdio",
+            port=0,
+        )
+        deployment.on_child(
+            lambda child, parent, profile: gateway.directory.adopt(
+                child, agent=profile, parent=parent
+            )
+        )
+        principal = Principal(token=Token(secret=secrets.token_urlsafe(24), name="stdio"))
+        await gateway.run_connection(
+            StdioTransport(stdin=stdin, stdout=stdout), principal, answer_after_eof=True
+        )
+
+
+def acp_command(args: argparse.Namespace) -> int:
+    """`harness acp [--config FILE] [--store PATH]`: exits 0 after EOF on stdin."""
+    config = config_of(args)
+
+    async def main() -> None:
+        stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+        stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
+        async with stdin, stdout:
+            await serve_acp(args, config, stdin, stdout)
+
+    trio.run(main)
+    return EXIT_OK
 
 
 def serve_command(args: argparse.Namespace) -> int:
