@@ -149,6 +149,9 @@ class PostgresStoreStatistics:
         broken_sessions: sessions this store refuses to write (a failed or
             fenced append) until their lease is acquired again.
         leases_held: write leases this store object holds and renews.
+        renewal_failures: lease renewals that could not be written (each is
+            retried at the next period; a lease that expires meanwhile can
+            be taken over, and fencing then refuses this store's writes).
         commits: transactions committed by the writer.
         events_written: events committed by the writer.
         largest_batch: the most appends committed in one transaction.
@@ -160,6 +163,7 @@ class PostgresStoreStatistics:
     failed_appends: int
     broken_sessions: int
     leases_held: int
+    renewal_failures: int
     commits: int
     events_written: int
     largest_batch: int
@@ -227,6 +231,7 @@ class PostgresStore:
     _held: dict[str, Lease] = attrs.field(factory=dict, init=False)
     _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
     _failed_appends: int = attrs.field(default=0, init=False)
+    _renewal_failures: int = attrs.field(default=0, init=False)
     _commits: int = attrs.field(default=0, init=False)
     _events_written: int = attrs.field(default=0, init=False)
     _largest_batch: int = attrs.field(default=0, init=False)
@@ -513,6 +518,7 @@ class PostgresStore:
             failed_appends=self._failed_appends,
             broken_sessions=len(self._broken),
             leases_held=len(self._held),
+            renewal_failures=self._renewal_failures,
             commits=self._commits,
             events_written=self._events_written,
             largest_batch=self._largest_batch,
@@ -778,6 +784,7 @@ class PostgresStore:
             connection = await self._usable(connection)
             lost = await trio.to_thread.run_sync(_renew_leases, connection, held, self.lease_ttl)
         except (psycopg.Error, SessionError):
+            self._renewal_failures += 1
             return connection
         for lease in lost:
             if self._held.get(lease.session_id) == lease:

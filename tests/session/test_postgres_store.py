@@ -400,3 +400,19 @@ async def test_a_lost_writer_connection_fails_one_batch_and_the_writer_reconnect
             await store.flush()
         assert store.statistics().reconnects == 1
     assert stored_seqs(postgres_dsn, "t") == [0]
+
+
+async def test_a_renewal_on_a_lost_connection_is_retried_on_a_new_one(postgres_dsn: str) -> None:
+    store = PostgresStore(postgres_dsn, lease_ttl=3.0)
+    async with serving(store):
+        await store.acquire_lease("s", owner="node-a")
+        sql(
+            postgres_dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'harness writer'",
+        )
+        await until(lambda: store.statistics().reconnects == 1)  # two renewals: fail, retry
+        assert store.statistics().renewal_failures == 1
+        assert store.statistics().leases_held == 1
+        with pytest.raises(SessionBusyError, match="node-a"):
+            await PostgresStore(postgres_dsn).acquire_lease("s", owner="node-b")
