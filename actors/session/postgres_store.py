@@ -33,9 +33,10 @@ asyncio, so every database call is a blocking psycopg call in a
 - **Failures stay local.** A failed commit breaks the sessions whose appends
   it held; the writer reconnects for the next batch and carries on.
 
-Reads (`create`, `exists`, `load`, `list_sessions`, the lease calls) use a
-few pooled connections while the writer runs, and a connection of their own
-per call otherwise. The schema is created or migrated on the first
+Reads (`create`, `exists`, `load`, `list_sessions`, the lease calls) use at
+most `MAX_READ_CONNECTIONS` connections at once (more callers wait their
+turn), kept open between calls while the writer runs and closed after each
+call otherwise. The schema is created or migrated on the first
 connection (`actors/session/postgres_schema.py`).
 """
 
@@ -78,8 +79,10 @@ DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 CONNECT_TIMEOUT_SECONDS = 10
 """How long opening a connection may take before it fails."""
 
-MAX_IDLE_CONNECTIONS = 4
-"""Read connections kept open between calls while the writer runs."""
+MAX_READ_CONNECTIONS = 4
+"""Read connections a store uses at once (more callers wait their turn), and keeps
+open between calls while the writer runs: a node resuming hundreds of sessions at
+once must not exhaust the server's `max_connections`."""
 
 _Connection = psycopg.Connection[TupleRow]
 _Row = tuple[str, int, str, int]
@@ -225,6 +228,9 @@ class PostgresStore:
     _serving: bool = attrs.field(default=False, init=False)
     _schema_ready: bool = attrs.field(default=False, init=False)
     _idle: list[_Connection] = attrs.field(factory=list, init=False)
+    _readers: trio.CapacityLimiter = attrs.field(
+        factory=lambda: trio.CapacityLimiter(MAX_READ_CONNECTIONS), init=False
+    )
     _next_seq: dict[str, int] = attrs.field(factory=dict, init=False)
     _unconfirmed: set[_Append] = attrs.field(factory=set, init=False)
     _broken: dict[str, SessionError] = attrs.field(factory=dict, init=False)
@@ -598,29 +604,32 @@ class PostgresStore:
         return self._next_seq[session_id]
 
     async def _run(self, work: Callable[[_Connection], _T], doing: str) -> _T:
-        """Run `work` on a pooled (or, when the writer is stopped, a new) connection in a thread.
+        """Run `work` in a thread on a pooled (or, when the writer is stopped, a new) connection.
 
-        A raw `psycopg.Error` becomes a `SessionError` naming the store and `doing`.
+        At most `MAX_READ_CONNECTIONS` calls run at once; the others wait for
+        a turn. A raw `psycopg.Error` becomes a `SessionError` naming the
+        store and `doing`.
         """
-        connection = self._idle.pop() if self._idle else None
+        async with self._readers:
+            connection = self._idle.pop() if self._idle else None
 
-        def call() -> _T:
-            nonlocal connection
-            if connection is None:
-                connection = self._connect("reader")
-            return work(connection)
+            def call() -> _T:
+                nonlocal connection
+                if connection is None:
+                    connection = self._connect("reader")
+                return work(connection)
 
-        try:
-            return await trio.to_thread.run_sync(call)
-        except psycopg.Error as exc:
-            raise SessionError(f"{self._label}: cannot {doing}: {exc}") from exc
-        finally:
-            if connection is not None:
-                reusable = not connection.closed and not connection.broken
-                if reusable and self._serving and len(self._idle) < MAX_IDLE_CONNECTIONS:
-                    self._idle.append(connection)
-                else:
-                    connection.close()
+            try:
+                return await trio.to_thread.run_sync(call)
+            except psycopg.Error as exc:
+                raise SessionError(f"{self._label}: cannot {doing}: {exc}") from exc
+            finally:
+                if connection is not None:
+                    reusable = not connection.closed and not connection.broken
+                    if reusable and self._serving:
+                        self._idle.append(connection)
+                    else:
+                        connection.close()
 
     def _busy_error(self, connection: _Connection, session_id: str) -> SessionError:
         rows = connection.execute(_LEASE_ROWS.encode(), ([session_id],)).fetchall()
