@@ -39,7 +39,13 @@ from actors.prompt import SystemPrompt
 from actors.providers.actor import ProviderActor
 from actors.providers.admission import StallPolicy
 from actors.providers.openai_compat import OpenAICompatProvider, StreamTimeouts
-from actors.providers.simulator import Fault, SimulatorConfig, SimulatorEngine, serve_simulator
+from actors.providers.simulator import (
+    Fault,
+    Profile,
+    SimulatorConfig,
+    SimulatorEngine,
+    serve_simulator,
+)
 from actors.session.events import TurnEnd
 
 RESULTS = Path(__file__).parent / "results" / "fault_matrix.json"
@@ -227,9 +233,11 @@ def turn_outcome(agent: Agent) -> str:
     return "no turn ended"
 
 
-async def _healthy_session(agent: Agent, load: HealthyLoad, stop: trio.Event) -> None:
+async def _healthy_session(agent: Agent, load: HealthyLoad, stop: trio.Event, think: float) -> None:
     turn = 0
     while not stop.is_set():
+        if think:
+            await trio.sleep(think)
         start = trio.current_time()
         agent.followup(f"Healthy turn {turn}: say something.")
         await agent.when_idle()
@@ -261,6 +269,7 @@ async def run_matrix(
     healthy: int = 20,
     min_duration: float = 0.0,
     max_in_flight: int = 16,
+    think: float = 0.0,
 ) -> MatrixRun:
     """Run `healthy` sessions beside every session of `selected` and measure both.
 
@@ -268,9 +277,14 @@ async def run_matrix(
     fault sessions start, all at once. The run ends when every fault session's
     turn has ended and at least `min_duration` seconds have passed since the
     fault sessions started (so a no-fault baseline can run as long).
+    Each healthy session waits `think` seconds before each turn: under
+    `autojump_clock` the healthy load must leave the loop idle now and then,
+    or virtual time (and so every fault's clock) would never advance.
     """
-    # Each scenario's sessions use a model of their own; the simulator serves them as deepseek-chat.
-    engine = SimulatorEngine(SimulatorConfig(default_profile="v4"))
+    # Each scenario's sessions use a model of their own, known to the simulator.
+    profiles: dict[str, Profile] = {HEALTHY_MODEL: "v4"}
+    profiles.update({scenario.model: "v4" for scenario in selected})
+    engine = SimulatorEngine(SimulatorConfig(profiles=profiles))
     for scenario in selected:
         engine.faults.for_model(scenario.model, *scenario.faults)
     load = HealthyLoad()
@@ -310,7 +324,7 @@ async def run_matrix(
                     warm.start_soon(_warm_up, agent)
             async with trio.open_nursery() as load_nursery:
                 for agent in healthy_agents:
-                    load_nursery.start_soon(_healthy_session, agent, load, stop)
+                    load_nursery.start_soon(_healthy_session, agent, load, stop, think)
                 start = trio.current_time()
                 async with trio.open_nursery() as faults:
                     for scenario in selected:

@@ -254,6 +254,7 @@ class OpenAICompatProvider:
                 headers=self._headers,
                 timeout=self._request_timeout,
             )
+            http_request.stream = _Payload(payload)  # same bytes; Content-Length stays
             opened = await self._open(http_request, deadline)
             if isinstance(opened, Failure):
                 finish = error_finish(opened)
@@ -401,6 +402,39 @@ class OpenAICompatProvider:
                 message=f"{self._url} answered with JSON instead of an event stream: {message}",
             )
         return None
+
+
+class _Payload(httpx.AsyncByteStream):
+    """A request body sent in one piece, through an iterator that is not a generator.
+
+    httpx's own byte stream yields the body from an async generator. A
+    request cancelled while its body is being written (the connect clock
+    ending a wait on a server that does not read) leaves that generator
+    suspended, to be finalized by the garbage collector, which Trio reports
+    as a `ResourceWarning`. This iterator has no frame to leave suspended.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _Once(self._data)
+
+
+class _Once:
+    """An async iterator over one bytes object."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _Once:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data, self._data = self._data, None
+        if data is None:
+            raise StopAsyncIteration
+        return data
 
 
 class _Body:

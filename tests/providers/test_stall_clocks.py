@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import warnings
 from typing import Any
 
 import httpx
@@ -156,3 +158,33 @@ async def test_a_trickle_writes_only_keep_alives_after_its_events(
     chunks = await collect(provider, _request())
     assert len([c for c in chunks if not isinstance(c, FinishChunk)]) <= 2
     assert engine.statistics().disconnects == 1
+
+
+async def test_a_request_cut_off_while_its_body_is_written_leaves_nothing_to_finalize(
+    nursery: trio.Nursery,
+) -> None:
+    # A server that accepts and never reads: a 4 MB body cannot be written,
+    # so the connect clock ends the request mid-write.
+    async def hold(stream: trio.SocketStream) -> None:
+        async with stream:
+            await trio.sleep_forever()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    nursery.start_soon(trio.serve_listeners, hold, listeners)
+    request = GenerateRequest(
+        config={"provider": "sim", "model": "m"}, messages=(Message.user("x" * 4_000_000),)
+    )
+    async with httpx.AsyncClient() as client:
+        provider = OpenAICompatProvider(
+            client,
+            base_url=f"http://127.0.0.1:{port}",
+            api_key=None,
+            timeouts=StreamTimeouts(connect=0.2),
+        )
+        for _ in range(3):
+            assert _failure(await collect(provider, request)).code == "connect_timeout"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
