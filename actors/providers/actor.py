@@ -12,13 +12,14 @@ closes the HTTP stream at once.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 
 import attrs
 import httpx
 import trio
 
+from actors.latency import NO_SAMPLES, LatencySummary, LatencyWindow
 from actors.providers.admission import Admission, StallPolicy, Ticket
 from actors.providers.base import Provider, ProviderError
 from actors.providers.chunks import Chunk, Failure, FinishChunk
@@ -44,6 +45,10 @@ class ProviderActorStatistics:
     """Requests in flight set aside as stalled now (they count in `in_flight` too)."""
     stalls: int = 0
     """Times a request was set aside as stalled, in total."""
+    failures_by_code: Mapping[str, int] = attrs.field(factory=dict)
+    """Failed requests (those the provider ended with an error) by failure code."""
+    latency: LatencySummary = NO_SAMPLES
+    """Start-to-finish time of the recent requests that completed or failed (the last 1,024)."""
 
 
 @attrs.define(eq=False)
@@ -87,6 +92,8 @@ class ProviderActor:
     _failed: int = attrs.field(default=0, init=False)
     _cancelled: int = attrs.field(default=0, init=False)
     _admission: Admission | None = attrs.field(default=None, init=False)
+    _failures_by_code: dict[str, int] = attrs.field(factory=dict, init=False)
+    _latency: LatencyWindow = attrs.field(factory=LatencyWindow, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.max_in_flight < 1:
@@ -100,7 +107,7 @@ class ProviderActor:
         return self._jobs_send is not None
 
     def statistics(self) -> ProviderActorStatistics:
-        """Queue depth, requests in flight (and how many are set aside) and outcome counters."""
+        """Queue depth, requests in flight (and how many are set aside), outcomes and latency."""
         admission = self._admission
         return ProviderActorStatistics(
             name=self.name,
@@ -112,6 +119,8 @@ class ProviderActor:
             cancelled=self._cancelled,
             stalled=admission.stalled if admission is not None else 0,
             stalls=admission.stalls if admission is not None else 0,
+            failures_by_code=dict(self._failures_by_code),
+            latency=self._latency.summary(),
         )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -163,6 +172,7 @@ class ProviderActor:
 
     async def _run_job(self, provider: Provider, ticket: Ticket, job: _Job) -> None:
         outcome = "cancelled"
+        started = trio.current_time()
         try:
             async with job.chunks:
                 with job.cancel_scope:
@@ -179,8 +189,10 @@ class ProviderActor:
             # Counted here: the actor stopping may cancel a job that has already finished.
             if outcome == "completed":
                 self._completed += 1
+                self._latency.record(trio.current_time() - started)
             elif outcome == "failed":
                 self._failed += 1
+                self._latency.record(trio.current_time() - started)
             else:
                 self._cancelled += 1
 
@@ -192,6 +204,9 @@ class ProviderActor:
                     ticket.progressed()
                     if isinstance(chunk, FinishChunk):
                         outcome = "failed" if chunk.reason == "error" else "completed"
+                        if chunk.failure is not None:
+                            code = chunk.failure.code
+                            self._failures_by_code[code] = self._failures_by_code.get(code, 0) + 1
                     await job.chunks.send(chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return "cancelled"

@@ -54,6 +54,7 @@ import psycopg.conninfo
 import trio
 from psycopg.rows import TupleRow
 
+from actors.latency import LatencySummary, LatencyWindow
 from actors.session.checksum import event_checksum
 from actors.session.codec import event_from_json, event_to_json
 from actors.session.durability import DurableMarks
@@ -158,6 +159,8 @@ class PostgresStoreStatistics:
         commits: transactions committed by the writer.
         events_written: events committed by the writer.
         largest_batch: the most appends committed in one transaction.
+        commit_latency: how long the recent commits' transactions took (the
+            last 1,024, bounded memory).
         reconnects: writer connections replaced after they broke.
     """
 
@@ -170,6 +173,7 @@ class PostgresStoreStatistics:
     commits: int
     events_written: int
     largest_batch: int
+    commit_latency: LatencySummary
     reconnects: int
 
 
@@ -241,6 +245,7 @@ class PostgresStore:
     _commits: int = attrs.field(default=0, init=False)
     _events_written: int = attrs.field(default=0, init=False)
     _largest_batch: int = attrs.field(default=0, init=False)
+    _commit_latency: LatencyWindow = attrs.field(factory=LatencyWindow, init=False)
     _reconnects: int = attrs.field(default=0, init=False)
 
     @property
@@ -528,6 +533,7 @@ class PostgresStore:
             commits=self._commits,
             events_written=self._events_written,
             largest_batch=self._largest_batch,
+            commit_latency=self._commit_latency.summary(),
             reconnects=self._reconnects,
         )
 
@@ -698,7 +704,9 @@ class PostgresStore:
         """
         try:
             connection = await self._usable(connection)
+            started = trio.current_time()
             refusals = await trio.to_thread.run_sync(_insert_batch, connection, _groups_of(batch))
+            self._commit_latency.record(trio.current_time() - started)
         except (psycopg.Error, SessionError) as exc:
             error = SessionError(f"{self._label}: could not commit {_describe(batch)}: {exc}")
             error.__cause__ = exc

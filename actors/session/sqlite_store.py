@@ -43,6 +43,7 @@ from typing import Literal
 import attrs
 import trio
 
+from actors.latency import LatencySummary, LatencyWindow
 from actors.session.checksum import event_checksum
 from actors.session.codec import event_from_json, event_to_json
 from actors.session.durability import DurableMarks
@@ -113,6 +114,8 @@ class SQLiteStoreStatistics:
         commits: transactions committed by the writer.
         events_written: events committed by the writer.
         largest_batch: the most appends committed in one transaction.
+        commit_latency: how long the recent commits' transactions took (the
+            last 1,024, bounded memory).
     """
 
     pending_appends: int
@@ -124,6 +127,7 @@ class SQLiteStoreStatistics:
     commits: int
     events_written: int
     largest_batch: int
+    commit_latency: LatencySummary
 
 
 @attrs.define(eq=False)
@@ -192,6 +196,7 @@ class SQLiteStore:
     _commits: int = attrs.field(default=0, init=False)
     _events_written: int = attrs.field(default=0, init=False)
     _largest_batch: int = attrs.field(default=0, init=False)
+    _commit_latency: LatencyWindow = attrs.field(factory=LatencyWindow, init=False)
 
     @property
     def running(self) -> bool:
@@ -444,6 +449,7 @@ class SQLiteStore:
             commits=self._commits,
             events_written=self._events_written,
             largest_batch=self._largest_batch,
+            commit_latency=self._commit_latency.summary(),
         )
 
     @property
@@ -538,10 +544,12 @@ class SQLiteStore:
 
     async def _commit(self, connection: sqlite3.Connection, batch: list[_Append]) -> None:
         """Write `batch` in one transaction and resolve its appends, session by session."""
+        started = trio.current_time()
         try:
             refusals = await trio.to_thread.run_sync(
                 _insert_batch, connection, _groups_of(batch), self.wall_clock()
             )
+            self._commit_latency.record(trio.current_time() - started)
         except sqlite3.Error as exc:
             error = SessionError(f"{self._label}: could not commit {_describe(batch)}: {exc}")
             error.__cause__ = exc

@@ -21,7 +21,9 @@ import attrs
 import trio
 import trio_websocket
 
-from actors.session import Event, SQLiteStore
+from actors.latency import LatencySummary
+from actors.providers.actor import ProviderActorStatistics
+from actors.session import Event
 from supervision.gateway.auth import Denial, Principal, Token, authenticate
 from supervision.gateway.connection import CLOSE_GOING_AWAY, Connection
 from supervision.gateway.cursors import EventTexts
@@ -192,17 +194,23 @@ class Gateway:
         for name, provider in self.runtime.providers.items():
             mine = [a for a in live if a.options.provider_name == name]
             inflight = 0
+            failures: dict[str, int] = {}
+            latency = LatencySummary(samples=0, p50_ms=None, p99_ms=None)
             statistics = getattr(provider, "statistics", None)
-            if callable(statistics):
-                inflight = int(getattr(statistics(), "in_flight", 0))
+            snapshot = statistics() if callable(statistics) else None
+            if snapshot is not None:
+                inflight = int(getattr(snapshot, "in_flight", 0))
+            if isinstance(snapshot, ProviderActorStatistics):
+                failures = dict(snapshot.failures_by_code)
+                latency = snapshot.latency
             providers.append(
                 {
                     "name": name,
                     "inflight": inflight,
                     "requests": sum(a.statistics().loop.requests for a in mine),
                     "retries": sum(a.statistics().loop.retries for a in mine),
-                    "failuresByCode": {},
-                    "latencyMs": {"p50": None, "p99": None},
+                    "failuresByCode": failures,
+                    "latencyMs": {"p50": latency.p50_ms, "p99": latency.p99_ms},
                 }
             )
         input_tokens = cache_read = 0
@@ -213,7 +221,13 @@ class Gateway:
             input_tokens += usage["inputTokens"]
             cache_read += usage["cacheReadTokens"]
         store = self.runtime.store
-        commits = store.statistics().commits if isinstance(store, SQLiteStore) else 0
+        commits, commit_p99 = 0, None
+        store_statistics = getattr(store, "statistics", None)
+        store_snapshot = store_statistics() if callable(store_statistics) else None
+        commit_latency = getattr(store_snapshot, "commit_latency", None)
+        if isinstance(commit_latency, LatencySummary):
+            commits = int(getattr(store_snapshot, "commits", 0))
+            commit_p99 = commit_latency.p99_ms
         gateway = self.statistics()
         return {
             "uptimeS": trio.current_time() - self._started,
@@ -225,7 +239,7 @@ class Gateway:
                 "cacheReadTokens": cache_read,
                 "hitRatio": cache_read / input_tokens if input_tokens else 0.0,
             },
-            "store": {"commits": commits, "commitP99Ms": None},
+            "store": {"commits": commits, "commitP99Ms": commit_p99},
             "gateway": {
                 "connections": gateway.connections,
                 "subscriptions": gateway.subscriptions,

@@ -7,6 +7,7 @@ from contextlib import aclosing
 
 import attrs
 import httpx
+import pytest
 import trio
 
 from actors.messages import Message
@@ -246,3 +247,31 @@ async def test_a_cancelled_caller_closes_the_http_stream_through_the_mock_front_
             assert actor.statistics().in_flight == 0
             assert actor.statistics().cancelled == 1
             nursery.cancel_scope.cancel()
+
+
+async def test_statistics_count_failures_by_code_and_time_finished_requests(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class Slow:
+        async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+            await trio.sleep(request.config["seconds"])
+            if request.config["fail"]:
+                yield FinishChunk(reason="error", failure=Failure(code=request.config["fail"]))
+            else:
+                yield FinishChunk(reason="completed")
+
+    actor = ProviderActor(name="slow", factory=lambda client: Slow())
+    assert actor.statistics().latency.p50_ms is None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        for seconds, fail in [(1.0, ""), (2.0, "rate_limited"), (3.0, "rate_limited"), (4, "auth")]:
+            config = {"provider": "p", "model": "m", "seconds": seconds, "fail": fail}
+            async for _ in actor.stream(GenerateRequest(config=config)):
+                pass
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    stats = actor.statistics()
+    assert stats.failures_by_code == {"rate_limited": 2, "auth": 1}
+    assert stats.latency.samples == 4
+    assert stats.latency.p50_ms == pytest.approx(2000.0)
+    assert stats.latency.p99_ms == pytest.approx(4000.0)
