@@ -39,7 +39,13 @@ from actors.prompt import SystemPrompt
 from actors.providers.actor import ProviderActor
 from actors.providers.admission import StallPolicy
 from actors.providers.openai_compat import OpenAICompatProvider, StreamTimeouts
-from actors.providers.simulator import Fault, SimulatorConfig, SimulatorEngine, serve_simulator
+from actors.providers.simulator import (
+    Fault,
+    Profile,
+    SimulatorConfig,
+    SimulatorEngine,
+    serve_simulator,
+)
 from actors.session.events import TurnEnd
 
 RESULTS = Path(__file__).parent / "results" / "fault_matrix.json"
@@ -275,8 +281,10 @@ async def run_matrix(
     `autojump_clock` the healthy load must leave the loop idle now and then,
     or virtual time (and so every fault's clock) would never advance.
     """
-    # Each scenario's sessions use a model of their own; the simulator serves them as deepseek-chat.
-    engine = SimulatorEngine(SimulatorConfig(default_profile="v4"))
+    # Each scenario's sessions use a model of their own, known to the simulator.
+    profiles: dict[str, Profile] = {HEALTHY_MODEL: "v4"}
+    profiles.update({scenario.model: "v4" for scenario in selected})
+    engine = SimulatorEngine(SimulatorConfig(profiles=profiles))
     for scenario in selected:
         engine.faults.for_model(scenario.model, *scenario.faults)
     load = HealthyLoad()

@@ -6,6 +6,7 @@ adapter with 1, 100 and 1,000 concurrent streams, and reports client CPU µs
 per chunk and per request (`time.process_time`), plus wall time.
 
 Run: .venv/bin/python benchmarks/provider_stream.py [--reply-tokens 64] [--requests 1000]
+     [--levels 1 100 1000] [--http 1.1|2] [--pools K]
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def request_for(index: int) -> GenerateRequest:
     )
 
 
-async def run_level(url: str, concurrency: int, total: int) -> dict[str, Any]:
+async def run_level(
+    url: str, concurrency: int, total: int, http2: bool, pools: int
+) -> dict[str, Any]:
     def factory(client: httpx.AsyncClient) -> OpenAICompatProvider:
         return OpenAICompatProvider(client, base_url=url, api_key=API_KEY)
 
@@ -61,6 +64,8 @@ async def run_level(url: str, concurrency: int, total: int) -> dict[str, Any]:
         queue_size=max(256, concurrency),
         timeout=httpx.Timeout(120.0, connect=30.0),
         limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        http2=http2,
+        pools=pools,
     )
     counts = {"chunks": 0, "requests": 0, "failures": 0}
     failure_codes: dict[str, int] = {}
@@ -89,6 +94,8 @@ async def run_level(url: str, concurrency: int, total: int) -> dict[str, Any]:
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         nursery.cancel_scope.cancel()
     return {
+        "http": "2" if http2 else "1.1",
+        "pools": pools,
         "concurrency": concurrency,
         "requests": counts["requests"],
         "failures": counts["failures"],
@@ -104,6 +111,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reply-tokens", type=int, default=64)
     parser.add_argument("--requests", type=int, default=1000, help="requests per level")
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 100, 1000])
+    parser.add_argument("--http", choices=("1.1", "2"), default="1.1", help="HTTP version")
+    parser.add_argument("--pools", type=int, default=1, help="connection pools in the client")
     args = parser.parse_args()
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER.format(reply_tokens=args.reply_tokens)],
@@ -115,7 +125,10 @@ def main() -> None:
         url = server.stdout.readline().strip()
         if not url.startswith("http://127.0.0.1:"):
             raise SystemExit(f"simulator did not start: {url!r}")
-        rows = [trio.run(run_level, url, level, args.requests) for level in (1, 100, 1000)]
+        rows = [
+            trio.run(run_level, url, level, args.requests, args.http == "2", args.pools)
+            for level in args.levels
+        ]
     finally:
         server.terminate()
         server.wait(timeout=10)

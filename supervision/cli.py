@@ -127,36 +127,48 @@ def parser() -> Parser:
     return root
 
 
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for sub in exc.exceptions:
-            yield from _leaves(sub)
-    else:
-        yield exc
+def _reachable(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, the members of groups, and the causes of both, depth first."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if current.__cause__ is not None:
+            stack.append(current.__cause__)
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend(reversed(current.exceptions))
 
 
 def expected_failure(exc: BaseException) -> tuple[str, int] | None:
-    """(one-line message, exit status) for an error the user can act on; None for a bug."""
-    for leaf in _leaves(exc):
-        chain: BaseException | None = leaf
-        while chain is not None:
-            if isinstance(chain, CommandError):
-                return str(chain), chain.code
-            if isinstance(chain, ConfigError | ScriptError):
-                return str(chain), EXIT_USAGE
-            if isinstance(chain, LocalModelError):
-                return str(chain), EXIT_FAILED
-            if isinstance(chain, OSError) and chain.errno == errno.EADDRINUSE:
-                return (
-                    f"address already in use ({chain.strerror}): another process listens on "
-                    "that port; pick another with --port (0: any free port)",
-                    EXIT_FAILED,
-                )
-            if isinstance(chain, GatewayError):
-                return f"{chain}; pick another port with --port (0: any free one)", EXIT_FAILED
-            if isinstance(chain, SessionError | ProviderError | PromptError | SupervisionError):
-                return str(chain), EXIT_FAILED
-            chain = chain.__cause__
+    """(one-line message, exit status) for an error the user can act on; None for a bug.
+
+    The most specific error wins: a domain error that wraps a busy port or a
+    config mistake is reported as that.
+    """
+    found = list(_reachable(exc))
+    for error in found:
+        if isinstance(error, CommandError):
+            return str(error), error.code
+        if isinstance(error, ConfigError | ScriptError):
+            return str(error), EXIT_USAGE
+    for error in found:
+        if isinstance(error, GatewayError):
+            return str(error), EXIT_FAILED
+        if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
+            return (
+                f"address already in use ({error.strerror}): another process listens on "
+                "that port; pick another with --port (0: any free port)",
+                EXIT_FAILED,
+            )
+        if isinstance(error, LocalModelError):
+            return str(error), EXIT_FAILED
+    for error in found:
+        if isinstance(error, SessionError | ProviderError | PromptError | SupervisionError):
+            return str(error), EXIT_FAILED
     return None
 
 

@@ -51,7 +51,7 @@ DEEPSEEK_BASE_URL = "https://api.deepseek.com"
 DEEPSEEK_KEY_ENV = "DEEPSEEK_API_KEY"
 
 ProviderKind: TypeAlias = Literal["openai-compatible", "simulator"]
-ContextName: TypeAlias = Literal["time", "workspace", "tmux"]
+ContextName: TypeAlias = Literal["time", "workspace", "tmux", "compaction"]
 """Built-in context plugins an agent profile can name."""
 SubagentTool: TypeAlias = Literal["subagent", "subagent_fork"]
 """`subagent` spawns a child from a fresh session, `subagent_fork` from a copy of the parent's."""

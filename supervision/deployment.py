@@ -22,7 +22,7 @@ import httpx
 import trio
 
 from actors.agent import Agent, AgentOptions, Tool
-from actors.context import TimeContext, TmuxContext, WorkspaceInstructions
+from actors.context import Compaction, TimeContext, TmuxContext, WorkspaceInstructions
 from actors.prompt import (
     PERSONA_ORDER,
     PERSONA_SECTION,
@@ -51,8 +51,8 @@ from supervision.runtime import Runtime, open_runtime
 from supervision.subagents import ForkProvider, SpawnProvider, SubagentProvider
 from supervision.supervisor import Child
 
-ChildListener = Callable[[str, str, str], None]
-"""`listener(child_session_id, parent_session_id, profile)`, called as a subagent starts."""
+ChildListener = Callable[[Agent, str, str], None]
+"""`listener(child_agent, parent_session_id, profile)`, called as a subagent starts."""
 
 
 @attrs.frozen(kw_only=True)
@@ -93,7 +93,7 @@ class Deployment:
         return self._parents.get(session_id)
 
     def on_child(self, listener: ChildListener) -> Callable[[], None]:
-        """Call `listener(child_id, parent_id, profile)` as each subagent starts.
+        """Call `listener(child_agent, parent_id, profile)` as each subagent starts.
 
         It runs synchronously in the child's setup, before the child's first
         step. Returns a function that removes the listener.
@@ -172,7 +172,7 @@ class Deployment:
                 if parent is not None:
                     self._parents[session_id] = parent
                     for listener in list(self._child_listeners):
-                        listener(session_id, parent, profile_name)
+                        listener(agent, parent, profile_name)
             system_prompt.section(
                 PromptSection(name=PERSONA_SECTION, order=PERSONA_ORDER, text=profile.persona),
                 scope=agent.scope,
@@ -183,8 +183,10 @@ class Deployment:
                     TimeContext().install(agent)
                 elif name == "workspace":
                     WorkspaceInstructions(root=root).install(agent)
-                else:
+                elif name == "tmux":
                     TmuxContext().install(agent)
+                else:
+                    Compaction().install(agent)
 
         return setup
 

@@ -6,9 +6,12 @@ import contextlib
 import io
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -85,3 +88,27 @@ def test_deepseek_snippet_against_deepseek(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_using_it_from_code_snippet_runs() -> None:
     run_snippet(snippet("ScriptedProvider"), {"__name__": "__readme__"})
+
+
+def test_the_simulator_command_serves_what_the_readme_says() -> None:
+    (command,) = [
+        line for b in blocks("sh") for line in b.splitlines() if "harness simulator" in line
+    ]
+    argv = command.split("#")[0].split()
+    assert argv[:2] == [".venv/bin/harness", "simulator"]
+    argv = [str(Path(sys.executable).parent / "harness"), "simulator", "--port", "0"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as process:
+        try:
+            assert process.stdout is not None
+            first = process.stdout.readline()
+            match = re.fullmatch(r"simulator listening on (\S+) \(api key: sk-simulator\)\n", first)
+            assert match, first
+            models = httpx.get(
+                f"{match.group(1)}/models",
+                headers={"authorization": "Bearer sk-simulator"},
+                timeout=10,
+            )
+            assert models.status_code == 200
+        finally:
+            process.terminate()
+            process.wait(timeout=10)

@@ -92,7 +92,9 @@ class Agent:
     `on_request_error` are synchronous and safe to call from any task of the
     same Trio run. Input travels to the inbox task over a bounded channel
     (capacity `INBOX_CAPACITY`; when full the call raises `InboxFullError`
-    rather than dropping input or blocking a synchronous caller).
+    rather than dropping input or blocking a synchronous caller). `await
+    run(...)` queues a follow-up and waits for its turn's `TurnResult`. Once
+    `open_agent` has exited, every input method raises `AgentClosedError`.
     """
 
     session: Session

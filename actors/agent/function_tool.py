@@ -163,8 +163,10 @@ class _SchemaBuilder:
                     prop["default"] = default
                 properties[field] = prop
             schema: dict[str, Any] = {"type": "object"}
-            if _first_paragraph(doc) and cls.__doc__:
-                schema["description"] = _first_paragraph(doc)
+            # Only the class's own docstring: inspect.getdoc would fall back to a base's.
+            summary = _first_paragraph(doc) if cls.__doc__ else ""
+            if summary:
+                schema["description"] = summary
             schema["properties"] = properties
             if required:
                 schema["required"] = required

@@ -15,6 +15,9 @@ Tables (all prefixed `harness_`, so the store can share a database):
   one (`actors/session/lease.py`): `owner` (NULL once released), `epoch`
   (grows at every acquisition, never reused) and `expires_at`, judged by
   the database's clock so the nodes' clocks may disagree.
+- `harness_nodes` (version 2): the node processes of a cluster, one row per
+  live node with its endpoint, incarnation and last heartbeat
+  (`supervision/cluster/membership.py`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import psycopg
 
 from actors.session.errors import SessionError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The newest schema version this code knows."""
 
 _LOCK_KEY = 0x6861726E657373  # "harness": serialises schema set-up across processes.
@@ -46,6 +49,14 @@ _MIGRATIONS: dict[int, str] = {
             owner text,
             epoch bigint NOT NULL,
             expires_at timestamptz NOT NULL
+        );
+    """,
+    2: """
+        CREATE TABLE harness_nodes (
+            node_id text PRIMARY KEY,
+            endpoint text NOT NULL,
+            incarnation text NOT NULL,
+            heartbeat_at timestamptz NOT NULL
         );
     """,
 }

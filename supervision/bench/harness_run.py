@@ -33,7 +33,7 @@ from actors.messages import TextBlock
 from actors.prompt import PromptSection, SystemPrompt
 from actors.providers import Chunk, FinishChunk, GenerateRequest
 from actors.providers.actor import ProviderActor
-from actors.providers.openai_compat import OpenAICompatProvider
+from actors.providers.openai_compat import OpenAICompatProvider, StreamTimeouts
 from actors.session import MemoryStore, SessionStore, SQLiteStore
 from actors.session.events import TurnEnd
 from supervision.bench.workload import (
@@ -47,6 +47,9 @@ from supervision.bench.workload import (
 from supervision.runtime import Runtime, open_runtime
 
 StoreKind = Literal["memory", "sqlite"]
+_TIMEOUTS = StreamTimeouts(connect=120.0, read_idle=120.0, deadline=600.0)
+"""Generous clocks: a burst of N requests queues at the one-process simulator, and on a
+loaded machine a timeout (then a retry) would measure the clock, not the runtime."""
 ProgressHook = Callable[[int], None]
 """Called with the number of steps just completed (1 each time)."""
 
@@ -206,7 +209,9 @@ async def run_level(
     in_flight = settings.max_in_flight or min(sessions, 1000)
     actor = ProviderActor(
         name="sim",
-        factory=lambda client: OpenAICompatProvider(client, base_url=url, api_key=API_KEY),
+        factory=lambda client: OpenAICompatProvider(
+            client, base_url=url, api_key=API_KEY, timeouts=_TIMEOUTS
+        ),
         timeout=httpx.Timeout(120.0, connect=60.0),
         limits=httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight),
         http2=settings.http2,

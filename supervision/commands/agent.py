@@ -19,7 +19,7 @@ from rich.table import Table
 
 from actors.agent import Agent, StepInspection
 from actors.providers.chunks import ReasoningDelta, TextDelta
-from actors.session import Event, event_to_json
+from actors.session import Event, SessionBusyError, event_to_json
 from actors.session.codec import unstructure_tools
 from actors.session.events import (
     AssistantChunk,
@@ -96,7 +96,15 @@ async def start(
         child = await deployment.start_agent(profile, session_id=session_id)
     except ChildStartError as exc:
         cause = exc.__cause__ or exc
-        raise CommandError(f"cannot start an agent for session {session_id!r}: {cause}") from None
+        hint = (
+            "; while a `harness serve` runs it, talk to it through its gateway "
+            "(the dashboard, `harness watch`, `harness inspect --url`)"
+            if isinstance(cause, SessionBusyError)
+            else ""
+        )
+        raise CommandError(
+            f"cannot start an agent for session {session_id!r}: {cause}{hint}"
+        ) from None
     return child.value
 
 

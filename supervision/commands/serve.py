@@ -20,11 +20,18 @@ from pathlib import Path
 
 import trio
 
-from actors.session.session import system_clock_ms
-from supervision.commands.common import EXIT_OK, Commands, add_config_options, config_of
+from actors.agent import Agent
+from supervision.commands.common import (
+    EXIT_OK,
+    CommandError,
+    Commands,
+    add_config_options,
+    config_of,
+)
 from supervision.config import DeploymentConfig, Environment
 from supervision.deployment import Deployment, open_deployment
-from supervision.gateway import AgentProfile, Gateway, Token, serve_gateway
+from supervision.gateway import AgentProfile, Gateway, GatewayError, Token, serve_gateway
+from supervision.gateway.serve import run_acp
 
 STATIC_DIR = Path(str(files("supervision.gateway") / "static"))
 """The dashboard's files, served at `/`."""
@@ -42,6 +49,11 @@ def register(commands: Commands) -> None:
         "--token", default=None, help="bearer token with every scope (default: $HARNESS_TOKEN)"
     )
     serve.set_defaults(handler=serve_command)
+    acp = commands.add_parser(
+        "acp", help="serve one ACP client over stdin/stdout, the way editors launch agents"
+    )
+    acp.add_argument("--store", type=Path, default=None, help="SQLite session store")
+    acp.set_defaults(handler=lambda args: run_acp(store=args.store))
 
 
 def tokens_of(
@@ -96,24 +108,27 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
                 config, deployment.environment, args.token or os.environ.get("HARNESS_TOKEN")
             )
             async with trio.open_nursery() as nursery:
-                gateway: Gateway = await nursery.start(
-                    lambda task_status: serve_gateway(
-                        deployment.runtime,
-                        host=host,
-                        port=port,
-                        tokens=tokens,
-                        profiles=profiles_of(deployment),
-                        origins=config.gateway.origins,
-                        static_dir=STATIC_DIR,
-                        task_status=task_status,
+                try:
+                    gateway: Gateway = await nursery.start(
+                        lambda task_status: serve_gateway(
+                            deployment.runtime,
+                            host=host,
+                            port=port,
+                            tokens=tokens,
+                            profiles=profiles_of(deployment),
+                            origins=config.gateway.origins,
+                            static_dir=STATIC_DIR,
+                            task_status=task_status,
+                        )
                     )
-                )
+                except GatewayError as exc:
+                    raise CommandError(
+                        f"{exc}; pick another with --port (0: any free one)"
+                    ) from exc
                 directory = gateway.directory
 
-                def adopt(child: str, parent: str, profile: str) -> None:
-                    directory.adopt(
-                        child, agent=profile, parent=parent, created_at=system_clock_ms()
-                    )
+                def adopt(child: Agent, parent: str, profile: str) -> None:
+                    directory.adopt(child, agent=profile, parent=parent)
 
                 deployment.on_child(adopt)
                 print(f"gateway {gateway.url}", flush=True)

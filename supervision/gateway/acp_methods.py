@@ -24,7 +24,6 @@ from supervision.gateway.messages import (
     SessionRef,
 )
 from supervision.gateway.protocol import (
-    INVALID_REQUEST,
     SESSION_BUSY,
     RpcError,
     invalid_params,
@@ -68,9 +67,6 @@ def user_message(blocks: list[dict[str, Any]], field: str) -> Message:
 
 async def initialize(params: InitializeParams, call: Call) -> dict[str, Any]:
     """Capabilities, with the harness extension under `agentCapabilities._meta.harness`."""
-    if call.connection.initialized:
-        raise RpcError(INVALID_REQUEST, "initialize was already called on this connection")
-    call.connection.initialized = True
     gateway = call.gateway
     return {
         "protocolVersion": PROTOCOL_VERSION,

@@ -132,6 +132,11 @@ class Connection:
     _close_code: int = CLOSE_NORMAL
     _close_reason: str = ""
     _stalled: bool = False
+    _unsent: list[str] = attrs.field(factory=list)
+    answer_after_eof: bool = False
+    """Answer requests already running when the input ends (stdio, whose output stays open)."""
+    _running_handlers: int = 0
+    _handlers_done: trio.Event = attrs.field(factory=trio.Event)
     _close_requested: bool = False
     _on_close: list[Callable[[], None]] = attrs.field(factory=list)
 
@@ -222,6 +227,10 @@ class Connection:
             try:
                 message = await self.transport.receive()
             except TransportClosed as exc:
+                if self.answer_after_eof:
+                    # The peer only stopped sending: finish what it asked first.
+                    while self._running_handlers:
+                        await self._handlers_done.wait()
                 self.close(exc.code or CLOSE_NORMAL, "peer closed")
                 return
             if isinstance(message, bytes):
@@ -249,6 +258,7 @@ class Connection:
             scope = trio.CancelScope()
             self._inflight[message.id] = scope
             assert self._nursery is not None
+            self._running_handlers += 1  # counted from here, so EOF waits for it too
             self._nursery.start_soon(self._answer, message, scope)
 
     def _admit(self, request: Request, *, in_batch: bool) -> RpcError | None:
@@ -306,6 +316,10 @@ class Connection:
         finally:
             if not deferred:
                 self._inflight.pop(request.id, None)
+            self._running_handlers -= 1
+            if not self._running_handlers:
+                self._handlers_done.set()
+                self._handlers_done = trio.Event()
 
     def release(self, request_id: JsonId) -> None:
         """A deferred request got its reply (from its cursor): free its in-flight slot."""
@@ -383,23 +397,29 @@ class Connection:
 
     async def _write(self) -> None:
         while True:
-            frames = await self.outbox.take()
-            for frame in frames:
-                with trio.move_on_after(self.write_deadline) as deadline:
-                    try:
-                        await self.transport.send(frame)
-                    except TransportClosed:
-                        self.close(CLOSE_NORMAL, "peer gone")
-                        return
-                if deadline.cancelled_caught:
-                    self.gateway.count_slow_consumer()
-                    self._stalled = True
-                    self.close(
-                        CLOSE_SLOW_CONSUMER,
-                        f"slow consumer: a write stalled for {self.write_deadline} s",
-                    )
+            self._unsent = await self.outbox.take()
+            # A batch is never cut by a close (only by the write deadline), so a
+            # close never loses a reply that was already taken from the outbox.
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(self.write_deadline) as deadline,
+            ):
+                try:
+                    await self.transport.send_batch(self._unsent)
+                except TransportClosed:
+                    self.close(CLOSE_NORMAL, "peer gone")
                     return
-                self.frames_written += 1
+            if deadline.cancelled_caught:
+                self.gateway.count_slow_consumer()
+                self._stalled = True
+                self.close(
+                    CLOSE_SLOW_CONSUMER,
+                    f"slow consumer: a write stalled for {self.write_deadline} s",
+                )
+                return
+            self.frames_written += len(self._unsent)
+            self._unsent = []
+            await trio.lowlevel.checkpoint_if_cancelled()
 
     async def _say_goodbye(self) -> None:
         for callback in self._on_close:
@@ -409,8 +429,9 @@ class Connection:
         with trio.move_on_after(0 if self._stalled else CLOSE_GRACE_SECONDS) as grace:
             try:
                 # Replies already queued go out before the close frame.
-                for frame in self.outbox.take_control_nowait():
+                for frame in [*self._unsent, *self.outbox.take_control_nowait()]:
                     await self.transport.send(frame)
+                self._unsent = []
                 await self.transport.close(self._close_code, self._close_reason)
             except Exception:
                 grace.cancel()

@@ -16,6 +16,7 @@ make, and moves on. Kinds:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -34,6 +35,32 @@ from supervision.gateway.protocol import (
     notification,
     response,
 )
+
+
+@attrs.define(eq=False)
+class EventTexts:
+    """The JSON text of recently delivered events, shared by every subscriber of the gateway.
+
+    Fan-out encodes each event once, not once per subscriber: a cursor asks
+    `text(session_id, event)`, which returns the cached text when it was made
+    for this very event object (a new incarnation's event of the same seq is
+    encoded afresh). At most `capacity` texts are kept; the oldest is evicted.
+    """
+
+    capacity: int = 65_536
+    _texts: OrderedDict[tuple[str, int], tuple[Event, str]] = attrs.field(factory=OrderedDict)
+
+    def text(self, session_id: str, event: Event) -> str:
+        """`dumps(event_to_json(event))`, from the cache when possible."""
+        key = (session_id, event.seq)
+        cached = self._texts.get(key)
+        if cached is not None and cached[0] is event:
+            return cached[1]
+        text = dumps(event_to_json(event))
+        self._texts[key] = (event, text)
+        if len(self._texts) > self.capacity:
+            self._texts.popitem(last=False)
+        return text
 
 
 class Cursor(Protocol):
@@ -58,6 +85,7 @@ class LogCursor:
     subscription: str
     session_id: str
     next_seq: int
+    texts: EventTexts
     types: frozenset[str] | None = None
     caught_up: bool = False
     finished: bool = False
@@ -66,22 +94,20 @@ class LogCursor:
     def take(self, events: Sequence[Event], head: int) -> list[str]:
         """One `_harness/log/event` per matching event, then `caughtUp` once at the head."""
         frames = []
+        # The envelope is written once per batch; each event's text comes from
+        # the shared cache, so a second subscriber costs a string join.
+        head_text = (
+            '{"jsonrpc":"2.0","method":"_harness/log/event","params":{"subscription":'
+            + dumps(self.subscription)
+            + ',"sessionId":'
+            + dumps(self.session_id)
+            + ',"event":'
+        )
         for event in events:
             self.next_seq = event.seq + 1
             if self.types is not None and event.type not in self.types:
                 continue
-            frames.append(
-                dumps(
-                    notification(
-                        "_harness/log/event",
-                        {
-                            "subscription": self.subscription,
-                            "sessionId": self.session_id,
-                            "event": event_to_json(event),
-                        },
-                    )
-                )
-            )
+            frames.append(head_text + self.texts.text(self.session_id, event) + "}}")
         self.delivered += len(frames)
         if not self.caught_up and self.next_seq > head:
             self.caught_up = True

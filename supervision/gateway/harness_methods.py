@@ -129,6 +129,7 @@ async def log_subscribe(params: LogSubscribeParams, call: Call) -> dict[str, Any
         subscription=subscription,
         session_id=params.session_id,
         next_seq=start,
+        texts=call.gateway.event_texts,
         types=None if params.types is None else frozenset(params.types),
     )
     connection.subscriptions[subscription] = cursor

@@ -140,7 +140,12 @@ class MethodTable:
                 if method is None
                 else f"{name!r} is a notification; send it without an id",
             )
-        if not connection.initialized and name != "initialize":
+        if name == "initialize":
+            if connection.initialized:
+                return RpcError(INVALID_REQUEST, "initialize was already called on this connection")
+            # Admitted in arrival order, so a client may pipeline requests after it.
+            connection.initialized = True
+        elif not connection.initialized:
             return RpcError(
                 INVALID_REQUEST, f"{name!r} before initialize: initialize must come first"
             )

@@ -9,7 +9,8 @@
   lane *blocks* (only that cursor: it simply reads the log later, from where
   it stopped, so nothing is lost and no agent ever waits).
 
-The writer takes control frames first, then log batches in arrival order.
+The writer takes control frames first, then log batches in arrival order,
+everything queued at once, and writes it with one system call.
 """
 
 from __future__ import annotations
@@ -83,20 +84,23 @@ class Outbox:
         self.queued_frames += len(frames)
         self._ready.set()
 
-    async def take(self) -> Sequence[str]:
-        """The next frames to write: one control frame, else one log batch; waits for one."""
+    async def take(self) -> list[str]:
+        """The next frames to write: every queued control frame, then every log batch.
+
+        Waits until there is something to write.
+        """
         while not self._control and not self._log:
             if self._ready.is_set():
                 self._ready = trio.Event()
             await self._ready.wait()
-        if self._control:
-            frame = self._control.popleft()
-            self.queued_frames -= 1
-            return (frame,)
-        batch = self._log.popleft()
-        self.queued_frames -= len(batch)
-        self._space.set()
-        return batch
+        frames = list(self._control)
+        self._control.clear()
+        if self._log:
+            while self._log:
+                frames.extend(self._log.popleft())
+            self._space.set()
+        self.queued_frames -= len(frames)
+        return frames
 
     def take_control_nowait(self) -> list[str]:
         """Every queued control frame, removed (to flush replies before a close)."""

@@ -24,10 +24,11 @@ import trio_websocket
 from actors.session import Event, SQLiteStore
 from supervision.gateway.auth import Denial, Principal, Token, authenticate
 from supervision.gateway.connection import CLOSE_GOING_AWAY, Connection
+from supervision.gateway.cursors import EventTexts
 from supervision.gateway.http import HttpFront, HttpRequest
 from supervision.gateway.methods import MethodTable
 from supervision.gateway.sessions import AgentProfile, SessionDirectory, summarise
-from supervision.gateway.transport import Transport, WebSocketTransport
+from supervision.gateway.transport import CoalescingStream, Transport, WebSocketTransport
 from supervision.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class Gateway:
     runtime_id: str = attrs.field(factory=lambda: secrets.token_hex(8))
     methods: MethodTable = attrs.field(factory=MethodTable)
     connections: set[Connection] = attrs.field(factory=set)
+    event_texts: EventTexts = attrs.field(factory=EventTexts)
     slow_consumer_closes: int = 0
     _claims: dict[str, set[int]] = attrs.field(factory=dict)
     _started: float = attrs.field(factory=trio.current_time)
@@ -267,9 +269,16 @@ class Gateway:
 
     # -- connections -------------------------------------------------------------
 
-    async def run_connection(self, transport: Transport, principal: Principal) -> int:
-        """Run one connection actor to its end; returns its close code."""
+    async def run_connection(
+        self, transport: Transport, principal: Principal, *, answer_after_eof: bool = False
+    ) -> int:
+        """Run one connection actor to its end; returns its close code.
+
+        `answer_after_eof`: when the input ends, answer the requests already
+        running before closing (for stdio, whose output stays open).
+        """
         connection = Connection(
+            answer_after_eof=answer_after_eof,
             gateway=self,
             transport=transport,
             principal=principal,
@@ -286,10 +295,11 @@ class Gateway:
 
     async def handle_websocket(self, request: HttpRequest, stream: trio.abc.Stream) -> None:
         """Authenticate the handshake, then accept it and run the connection."""
+        coalescing = CoalescingStream(stream)
         async with trio.open_nursery() as nursery:
             ws_request = await trio_websocket.wrap_server_stream(
                 nursery,
-                stream,
+                coalescing,
                 message_queue_size=MESSAGE_QUEUE_SIZE,
                 max_message_size=self.max_frame,
             )
@@ -305,7 +315,7 @@ class Gateway:
             else:
                 websocket = await ws_request.accept(subprotocol=verdict.subprotocol)
                 await self.run_connection(
-                    WebSocketTransport(connection=websocket, stream=stream),
+                    WebSocketTransport(connection=websocket, stream=coalescing),
                     Principal(token=verdict.token),
                 )
             nursery.cancel_scope.cancel()

@@ -63,6 +63,7 @@ class SessionDirectory:
     runtime: Runtime
     profiles: dict[str, AgentProfile]
     _known: dict[str, _Known] = attrs.field(factory=dict, init=False)
+    _adopted: dict[str, Agent] = attrs.field(factory=dict, init=False)
     _children: dict[str, Child[Agent]] = attrs.field(factory=dict, init=False)
     _restarts: dict[str, int] = attrs.field(factory=dict, init=False)
     _starting: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
@@ -86,6 +87,11 @@ class SessionDirectory:
 
     def live_agent(self, session_id: str) -> Agent | None:
         """The running agent of `session_id`, or None when it is not running."""
+        adopted = self._adopted.get(session_id)
+        if adopted is not None:
+            if not adopted.scope.closed:
+                return adopted
+            del self._adopted[session_id]
         child = self.child(session_id)
         if child is None or child.state != "running":
             return None
@@ -198,12 +204,17 @@ class SessionDirectory:
         self._notify(agent.session.id, "added")
         return agent
 
-    def adopt(self, session_id: str, *, agent: str, parent: str, created_at: int) -> None:
-        """Record a subagent session that `parent`'s agent started, and announce it ("added").
+    def adopt(self, child: Agent, *, agent: str, parent: str) -> None:
+        """Record a subagent that `parent`'s agent started, and announce it ("added").
 
-        It is listed with `parentSessionId` and seen by every token that sees its parent.
+        It is listed with `parentSessionId`, seen by every token that sees its
+        parent, and live (its status, log and inspection) until its agent ends.
         """
-        self._known[session_id] = _Known(agent=agent, created_at=created_at, parent=parent)
+        session_id = child.session.id
+        self._adopted[session_id] = child
+        self._known[session_id] = _Known(
+            agent=agent, created_at=child.session.clock(), parent=parent
+        )
         self._notify(session_id, "added")
 
     async def attach(self, session_id: str) -> Agent:

@@ -75,3 +75,26 @@ def test_section_8_constructors_accept_positional_arguments(
     construct: Callable[[], object],
 ) -> None:
     construct()
+
+
+@pytest.mark.parametrize(
+    "name", ["function_tool", "TurnResult", "TurnFailedError", "AgentClosedError"]
+)
+def test_section_10_name_is_exported(name: str) -> None:
+    assert hasattr(actors.agent, name)
+
+
+def test_function_tool_takes_the_documented_arguments() -> None:
+    parameters = inspect.signature(actors.agent.function_tool).parameters
+    assert list(parameters) == ["fn", "name", "description"]
+    assert parameters["fn"].default is None
+    assert all(
+        parameters[n].kind is inspect.Parameter.KEYWORD_ONLY for n in ("name", "description")
+    )
+
+
+def test_turn_result_fields_and_error_classes() -> None:
+    fields = [f.name for f in actors.agent.TurnResult.__attrs_attrs__]
+    assert fields == ["turn", "reason", "text", "messages", "usage"]
+    assert issubclass(actors.agent.TurnFailedError, RuntimeError)
+    assert AgentOptions(model="m").max_steps == 50

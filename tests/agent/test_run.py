@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -12,6 +14,7 @@ from actors.agent import (
     AgentClosedError,
     AgentOptions,
     Reject,
+    RetryPolicy,
     TurnFailedError,
     TurnResult,
     open_agent,
@@ -20,6 +23,8 @@ from actors.agent.decisions import PreStepNext, StepDecision, StepProposal
 from actors.prompt import PromptError, PromptSection, SystemPrompt
 from actors.providers import Reply, ScriptedProvider, ToolCall
 from actors.providers.chunks import Usage
+from actors.providers.openai_compat import OpenAICompatProvider
+from actors.providers.simulator import SimulatorEngine, simulator_transport
 from actors.session import SessionError, SQLiteStore
 from tests.agent.helpers import data_of, turn_end_kinds
 from tests.agent.test_turns import ECHO
@@ -292,3 +297,31 @@ async def test_an_error_in_the_body_leaves_open_agent_unwrapped() -> None:
         async with open_agent(system_prompt=prompt, provider=ScriptedProvider([]), options=OPTIONS):
             prompt.section(PromptSection(name="dup", order=1, text="a"))
             prompt.section(PromptSection(name="dup", order=1, text="b"))
+
+
+async def test_run_raises_for_a_wrong_api_key_naming_the_status() -> None:
+    engine = SimulatorEngine()
+    async with httpx.AsyncClient(transport=simulator_transport(engine)) as client:
+        provider = OpenAICompatProvider(client, base_url="http://sim", api_key="sk-wrong")
+        async with open_agent(
+            system_prompt=SystemPrompt(), provider=provider, options=OPTIONS
+        ) as agent:
+            with pytest.raises(TurnFailedError, match=r"turn 0 failed") as raised:
+                await agent.run("hi")
+    error = raised.value.reason.error
+    assert error is not None and error.status == 401
+
+
+async def test_run_raises_for_a_connect_error_naming_it() -> None:
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as client:
+        provider = OpenAICompatProvider(client, base_url=f"http://127.0.0.1:{port}", api_key="sk-x")
+        options = AgentOptions(model="m", retry=RetryPolicy(max_retries=0))
+        async with open_agent(
+            system_prompt=SystemPrompt(), provider=provider, options=options
+        ) as agent:
+            with pytest.raises(TurnFailedError, match=r"turn 0 failed \(\w+\)") as raised:
+                await agent.run("hi")
+    assert raised.value.reason.kind == "error"

@@ -6,6 +6,7 @@ import itertools
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -62,6 +63,8 @@ async def running_gateway(
     write_deadline: float = 10.0,
     config: SimulatorConfig | None = None,
     origins: Sequence[str] | None = None,
+    max_inflight: int = 64,
+    static_dir: Path | None = None,
 ) -> AsyncIterator[Gateway]:
     """A runtime on the simulator with the `default` profile, and its gateway."""
     async with (
@@ -81,6 +84,8 @@ async def running_gateway(
             },
             write_deadline=write_deadline,
             origins=origins,
+            max_inflight=max_inflight,
+            static_dir=static_dir,
         ) as gateway,
     ):
         yield gateway
@@ -172,13 +177,35 @@ async def connect(
     message_queue_size: int = 64,
 ) -> AsyncIterator[RpcClient]:
     """A client connected to `gateway` with a reader task; initialized unless told not to."""
-    stream = await trio.open_tcp_stream(gateway.host, gateway.port)
+    async with open_client(
+        gateway.host,
+        gateway.port,
+        headers=headers,
+        initialize=initialize,
+        subprotocols=subprotocols,
+        message_queue_size=message_queue_size,
+    ) as client:
+        yield client
+
+
+@asynccontextmanager
+async def open_client(
+    host: str,
+    port: int,
+    *,
+    headers: Sequence[tuple[str, str]] = AUTH,
+    initialize: bool = True,
+    subprotocols: Sequence[str] | None = None,
+    message_queue_size: int = 64,
+) -> AsyncIterator[RpcClient]:
+    """As `connect`, to any host and port; the TCP stream is always closed on the way out."""
+    stream = await trio.open_tcp_stream(host, port)
     try:
         async with trio.open_nursery() as nursery:
             ws = await trio_websocket.wrap_client_stream(
                 nursery,
                 stream,
-                gateway.host,
+                host,
                 "/acp",
                 extra_headers=[(k.encode(), v.encode()) for k, v in headers],
                 subprotocols=subprotocols,

@@ -99,6 +99,7 @@ async def test_the_schema_is_created_on_first_use(postgres_dsn: str) -> None:
     assert sorted(name for (name,) in tables) == [
         "harness_events",
         "harness_leases",
+        "harness_nodes",
         "harness_schema",
         "harness_sessions",
     ]
@@ -111,6 +112,19 @@ async def test_stores_opening_a_fresh_database_at_once_create_the_schema_once(
         for _ in range(4):
             nursery.start_soon(PostgresStore(postgres_dsn).list_sessions)
     assert sql(postgres_dsn, "SELECT version FROM harness_schema") == [(SCHEMA_VERSION,)]
+
+
+async def test_an_older_schema_is_migrated_keeping_its_sessions(postgres_dsn: str) -> None:
+    store = PostgresStore(postgres_dsn)
+    async with serving(store):
+        await store.create("s")
+        await store.append("s", [turn_start(0)])
+    # What version 1 left: no nodes table.
+    sql(postgres_dsn, "DROP TABLE harness_nodes")
+    sql(postgres_dsn, "UPDATE harness_schema SET version = 1")
+    assert [e.seq for e in await PostgresStore(postgres_dsn).load("s")] == [0]
+    assert sql(postgres_dsn, "SELECT version FROM harness_schema") == [(SCHEMA_VERSION,)]
+    assert sql(postgres_dsn, "SELECT count(*) FROM harness_nodes") == [(0,)]
 
 
 async def test_a_newer_schema_is_refused_and_left_alone(postgres_dsn: str) -> None:

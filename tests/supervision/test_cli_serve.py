@@ -278,3 +278,22 @@ async def test_watch_draws_a_live_table(tmp_path: Path) -> None:
         shown = "\n".join(rest)
         assert new["sessionId"] in shown and "idle" in shown and "newest events" in shown
         assert watch.returncode == 0
+
+
+async def test_a_session_held_by_a_running_serve_is_one_line_with_what_to_do(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path, "--token", TOKEN) as (ws, _, _):
+        async with open_gateway_client(ws, TOKEN) as gateway:
+            new = await gateway.call("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+        result = await trio.run_process(
+            command("run", "hi", "--session", new["sessionId"], "--store", "s.sqlite"),
+            cwd=tmp_path,
+            env=environment(),
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 1
+    err = result.stderr.decode().strip().splitlines()
+    assert len(err) == 1 and "is busy" in err[0] and "harness inspect --url" in err[0]

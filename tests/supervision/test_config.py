@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from actors.agent import Tool
+import supervision.deployment as deployment_module
+from actors.agent import Agent, Tool
+from actors.context import Compaction
+from actors.scope import Registration
 from supervision.config import (
     DEFAULT_TOOLS,
     ConfigError,
@@ -17,7 +20,7 @@ from supervision.config import (
     load_config,
     resolve_environment,
 )
-from supervision.deployment import open_deployment
+from supervision.deployment import agent_options, open_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "orchestrator.toml"
@@ -257,11 +260,37 @@ async def test_profiles_get_their_persona_tools_and_order_and_children_theirs() 
         assert deployment.profile_of(agent.session.id) == "orchestrator"
 
 
+def test_a_profiles_max_steps_reaches_the_agent_options(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL + "max_steps = 7\n"))
+    assert agent_options(config.agent("default")).max_steps == 7
+
+
+async def test_the_compaction_context_installs_compaction_on_each_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    installed: list[object] = []
+
+    class Recorded(Compaction):
+        def install(self, agent: Agent) -> Registration:
+            installed.append(agent)
+            return super().install(agent)
+
+    monkeypatch.setattr(deployment_module, "Compaction", Recorded)
+    config = load_config(write(tmp_path, MINIMAL + 'contexts = ["compaction"]\n'))
+    assert config.agent("default").contexts == ("compaction",)
+    async with open_deployment(config, store_path="memory") as deployment:
+        agent = (await deployment.start_agent("default")).value
+        await agent.run("hello")
+    assert installed == [agent]
+
+
 async def test_subagents_are_reported_with_their_parent_and_profile() -> None:
     config = load_config(EXAMPLE)
     async with open_deployment(config, store_path="memory") as deployment:
         seen: list[tuple[str, str, str]] = []
-        deployment.on_child(lambda child, parent, profile: seen.append((child, parent, profile)))
+        deployment.on_child(
+            lambda child, parent, profile: seen.append((child.session.id, parent, profile))
+        )
         agent = (await deployment.start_agent("orchestrator")).value
         agent.followup('go\ncall subagent {"prompt": "hello"}')
         with trio.fail_after(30):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 import trio
 
 from actors.session import PostgresStore
-from supervision.config import ConfigError, load_config
+from supervision.config import ConfigError, load_config, parse_config
 from supervision.deployment import open_deployment
 
 DEPLOYMENT = """
@@ -59,3 +60,10 @@ def test_a_store_takes_a_path_or_a_url_not_both(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"either path \(SQLite\) or url \(PostgreSQL\)"):
         load_config(config_file(tmp_path, text))
+
+
+def test_the_scale_out_guides_config_parses() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "scale-out.md").read_text()
+    block = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = parse_config(tomllib.loads(block), "docs/scale-out.md")
+    assert config.store.url == "postgresql://harness:secret@db.internal:5432/harness"

@@ -12,6 +12,7 @@ const PAGE_LIMIT = 500;         // _harness/sessions/list page size (the gateway
 const EVENT_ROWS = 1500;        // rendered event rows kept; older ones are summarised
 const REPLAY_EVENTS = 2000;     // on selection, replay at most this many recent events
 const RECONNECT_MS = [500, 1000, 2000, 5000];
+const RELIST_MS = 5000;         // list refresh while the gateway sends no "status" changes
 
 // ---------------------------------------------------------------------------- helpers
 
@@ -154,6 +155,8 @@ const state = {
   streaming: null,            // {turn, step, node} while assistant chunks arrive
   reconnects: 0,
   pendingPrompt: false,
+  statusChanges: false,       // the gateway sent a "status" change: no periodic relist needed
+  relistTimer: null,
 };
 
 // ------------------------------------------------------------------------ the session list
@@ -275,6 +278,7 @@ async function loadSessions() {
   conn.on("_harness/sessions/changed", (params) => {
     if (params.subscription !== subscription) return;
     const s = params.session;
+    if (params.change === "status") state.statusChanges = true;
     if (params.change === "removed") state.sessions.delete(s.sessionId);
     else {
       state.sessions.set(s.sessionId, { ...emptySummary(s.sessionId), ...state.sessions.get(s.sessionId), ...s });
@@ -284,6 +288,13 @@ async function loadSessions() {
     queueRender();
   });
   await listSessions();
+  // A gateway that announces status changes keeps the list current by itself; until one
+  // arrives, the list is refreshed every few seconds so other sessions' status stays true.
+  if (!state.relistTimer) {
+    state.relistTimer = setInterval(() => {
+      if (!state.statusChanges && !document.hidden && state.conn) scheduleRelist();
+    }, RELIST_MS);
+  }
 }
 
 async function listSessions() {
@@ -642,7 +653,7 @@ function renderInspect(result) {
     sections.append(el("tr", { "data-section": s.name },
       el("td", { class: "num", text: s.order == null ? "-" : String(s.order) }),
       el("td", { text: s.name + (s.complete ? " (complete)" : "") }),
-      scopeCell(s.scope),
+      scopeCell(s.scope + (s.shadows && s.shadows.length ? ` (shadows ${s.shadows.join(", ")})` : "")),
       el("td", { class: "num", text: String(s.bytes) })));
   }
   const tools = el("table", { id: "inspect-tools" },

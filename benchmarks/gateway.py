@@ -1,0 +1,316 @@
+"""Gateway fan-out cost: N supervisors subscribed to M running sessions on the simulator.
+
+The server process runs the runtime (M agents on the in-process simulator,
+`MemoryStore`) and the gateway; the supervisors run in a second process (so
+their JSON decoding is not billed to the server), each one websocket
+subscribed live to every session. Phases:
+
+1. alone: every session runs `--turns` turns with no supervisor attached;
+2. attached: the same with the N supervisors attached, until every event
+   reached every supervisor;
+3. paced: `--paced-turns` turns started at `--rate` turns/s over the fleet
+   (an unsaturated runtime), for commit-to-delivery latency.
+
+Reported: server CPU per agent step alone and attached (and the increase),
+gateway CPU per delivered event, events/s delivered, and p50/p99 delivery
+latency (supervisor clock minus the event's `time`, i.e. from append, which
+is before commit: an upper bound on commit-to-delivery).
+
+    .venv/bin/python benchmarks/gateway.py --sessions 1000 --supervisors 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+import trio_websocket
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from actors.agent import Agent, AgentOptions
+from actors.prompt import SystemPrompt
+from actors.providers.openai_compat import OpenAICompatProvider
+from actors.providers.simulator import SimulatorEngine, simulator_transport
+from actors.session import MemoryStore
+from supervision.gateway import AgentProfile, Token, open_gateway
+from supervision.runtime import open_runtime
+
+SECRET = "bench-secret"
+RESULTS = Path(__file__).with_name("results")
+
+
+# -- the supervisors' process --------------------------------------------------------
+
+
+async def _client_main(url: str, connections: int) -> None:
+    host, port = url.removeprefix("ws://").removesuffix("/acp").split(":")
+    session_ids: list[str] = json.loads(sys.stdin.readline())
+    stdin = trio.lowlevel.FdStream(0)
+    latencies: list[int] = []
+    received = 0
+    changed = trio.Event()
+
+    async def supervise(nursery: trio.Nursery, ready: trio.Event) -> None:
+        nonlocal received, changed
+        async with trio_websocket.open_websocket(
+            host,
+            int(port),
+            "/acp",
+            use_ssl=False,
+            extra_headers=[(b"Authorization", f"Bearer {SECRET}".encode())],
+            message_queue_size=256,
+            max_message_size=16 * 1024 * 1024,
+        ) as ws:
+            await ws.send_message(
+                json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}})
+            )
+            await ws.get_message()
+            for index, sid in enumerate(session_ids):
+                await ws.send_message(
+                    json.dumps(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": index + 1,
+                            "method": "_harness/log/subscribe",
+                            "params": {"sessionId": sid},
+                        }
+                    )
+                )
+            answered = 0
+            while answered < len(session_ids):
+                if "result" in json.loads(await ws.get_message()):
+                    answered += 1
+            ready.set()
+            while True:
+                message = json.loads(await ws.get_message())
+                if message.get("method") == "_harness/log/event":
+                    now = time.time_ns() // 1_000_000
+                    latencies.append(now - message["params"]["event"]["time"])
+                    received += 1
+                    changed.set()
+                    changed = trio.Event()
+
+    async def commands() -> None:
+        buffer = b""
+        while True:
+            while b"\n" not in buffer:
+                buffer += await stdin.receive_some()
+            line, buffer = buffer.split(b"\n", 1)
+            command = json.loads(line)
+            if command["cmd"] == "reset":
+                latencies.clear()
+                print(json.dumps({"reset": True}), flush=True)
+            elif command["cmd"] == "report":
+                while received < command["until"]:
+                    await changed.wait()
+                ordered = sorted(latencies)
+                print(
+                    json.dumps(
+                        {
+                            "received": received,
+                            "p50": ordered[len(ordered) // 2] if ordered else None,
+                            "p99": ordered[int(len(ordered) * 0.99)] if ordered else None,
+                        }
+                    ),
+                    flush=True,
+                )
+            elif command["cmd"] == "quit":
+                return
+
+    async with trio.open_nursery() as nursery:
+        readies = []
+        for _ in range(connections):
+            ready = trio.Event()
+            readies.append(ready)
+            nursery.start_soon(supervise, nursery, ready)
+        for ready in readies:
+            await ready.wait()
+        print(json.dumps({"ready": True}), flush=True)
+        await commands()
+        nursery.cancel_scope.cancel()
+
+
+# -- the server process ---------------------------------------------------------------
+
+
+async def _run_turns(agents: list[Agent], turns: int) -> tuple[float, float, int]:
+    """Every agent runs `turns` turns at once; returns (cpu s, wall s, steps)."""
+    before = sum(agent.statistics().loop.steps for agent in agents)
+    cpu, wall = time.process_time(), time.perf_counter()
+    for agent in agents:
+        for turn in range(turns):
+            agent.followup(f"turn {turn}: say something")
+    for agent in agents:
+        await agent.when_idle()
+    steps = sum(agent.statistics().loop.steps for agent in agents) - before
+    return time.process_time() - cpu, time.perf_counter() - wall, steps
+
+
+async def _server(args: argparse.Namespace) -> dict[str, Any]:
+    engine = SimulatorEngine()
+    async with (
+        httpx.AsyncClient(transport=simulator_transport(engine)) as client,
+        open_runtime(
+            system_prompt=SystemPrompt(persona="bench"),
+            store=MemoryStore(),
+            providers={
+                "default": OpenAICompatProvider(
+                    client, base_url="http://simulator.test", api_key=engine.config.api_key
+                )
+            },
+        ) as runtime,
+        open_gateway(
+            runtime,
+            tokens=[Token(secret=SECRET)],
+            profiles={"default": AgentProfile(options=AgentOptions(model="deepseek-chat"))},
+            write_deadline=60.0,
+        ) as gateway,
+    ):
+        agents = [
+            await gateway.directory.create(profile="default", owner=None)
+            for _ in range(args.sessions)
+        ]
+        await _run_turns(agents, 1)  # warm-up
+        alone_cpu, alone_wall, alone_steps = await _run_turns(agents, args.turns)
+
+        process = await trio.lowlevel.open_process(
+            [
+                sys.executable,
+                __file__,
+                "--client",
+                gateway.url,
+                "--supervisors",
+                str(args.supervisors),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert process.stdin is not None and process.stdout is not None
+        lines = _Lines(process.stdout)
+        ids = [agent.session.id for agent in agents]
+        await process.stdin.send_all((json.dumps(ids) + "\n").encode())
+        await lines.next()  # ready
+        start_events = sum(len(agent.session) for agent in agents)
+        cpu_before_attach = time.process_time()
+        _, att_wall, att_steps = await _run_turns(agents, args.turns)
+        appended = sum(len(agent.session) for agent in agents) - start_events
+        expected = appended * args.supervisors
+        await process.stdin.send_all(
+            (json.dumps({"cmd": "report", "until": expected}) + "\n").encode()
+        )
+        attached_report = await lines.next()
+        delivered_cpu = time.process_time() - cpu_before_attach
+        delivered_wall = att_wall  # turns and delivery overlap; delivery ends at the report
+
+        await process.stdin.send_all(b'{"cmd": "reset"}\n')
+        await lines.next()
+        paced_start = sum(len(agent.session) for agent in agents)
+        interval = 1.0 / args.rate
+        for index in range(args.paced_turns):
+            agents[index % len(agents)].followup("paced turn")
+            await trio.sleep(interval)
+        for agent in agents:
+            await agent.when_idle()
+        paced_events = sum(len(agent.session) for agent in agents) - paced_start
+        until = attached_report["received"] + paced_events * args.supervisors
+        await process.stdin.send_all(
+            (json.dumps({"cmd": "report", "until": until}) + "\n").encode()
+        )
+        paced_report = await lines.next()
+        await process.stdin.send_all(b'{"cmd": "quit"}\n')
+        await process.wait()
+        stats = gateway.statistics()
+
+    alone_per_step = alone_cpu / alone_steps
+    attached_per_step = delivered_cpu / att_steps
+    gateway_cpu = delivered_cpu - alone_cpu * att_steps / alone_steps
+    return {
+        "sessions": args.sessions,
+        "supervisors": args.supervisors,
+        "turns": args.turns,
+        "steps": att_steps,
+        "alone_cpu_ms_per_step": 1000 * alone_per_step,
+        "attached_cpu_ms_per_step": 1000 * attached_per_step,
+        "increase_pct": 100 * (attached_per_step / alone_per_step - 1),
+        "events_delivered": expected,
+        "events_per_s": expected / max(delivered_wall, 1e-9),
+        "gateway_cpu_us_per_event": 1e6 * gateway_cpu / expected,
+        "saturated_p50_ms": attached_report["p50"],
+        "saturated_p99_ms": attached_report["p99"],
+        "paced_rate_turns_per_s": args.rate,
+        "paced_p50_ms": paced_report["p50"],
+        "paced_p99_ms": paced_report["p99"],
+        "slow_consumer_closes": stats.slow_consumer_closes,
+        "alone_wall_s": alone_wall,
+    }
+
+
+class _Lines:
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def next(self) -> dict[str, Any]:
+        while b"\n" not in self.buffer:
+            chunk = await self.stream.receive_some()
+            if not chunk:
+                raise RuntimeError("the supervisors' process ended early")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        value: dict[str, Any] = json.loads(line)
+        return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--supervisors", type=int, default=10)
+    parser.add_argument("--turns", type=int, default=2)
+    parser.add_argument("--paced-turns", type=int, default=300)
+    parser.add_argument("--rate", type=float, default=50.0, help="paced turns per second")
+    parser.add_argument("--client", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client is not None:
+        trio.run(_client_main, args.client, args.supervisors)
+        return
+    result = trio.run(_server, args)
+    rows = [
+        ("sessions x supervisors", f"{result['sessions']} x {result['supervisors']}"),
+        ("agent steps per phase", f"{result['steps']}"),
+        ("server CPU per step alone", f"{result['alone_cpu_ms_per_step']:.3f} ms"),
+        ("server CPU per step attached", f"{result['attached_cpu_ms_per_step']:.3f} ms"),
+        ("increase", f"{result['increase_pct']:.1f} %"),
+        ("events delivered", f"{result['events_delivered']}"),
+        ("events/s delivered", f"{result['events_per_s']:.0f}"),
+        ("gateway CPU per delivered event", f"{result['gateway_cpu_us_per_event']:.1f} µs"),
+        (
+            "delivery p50/p99, saturated",
+            f"{result['saturated_p50_ms']}/{result['saturated_p99_ms']} ms",
+        ),
+        (
+            f"delivery p50/p99, paced {result['paced_rate_turns_per_s']:.0f} turns/s",
+            f"{result['paced_p50_ms']}/{result['paced_p99_ms']} ms",
+        ),
+        ("slow-consumer closes", f"{result['slow_consumer_closes']}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "gateway.json"
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Cluster membership: heartbeats, NOTIFY on join and leave, silent deaths, restarts."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+import trio
+
+from supervision.cluster import Membership, MembershipError, MembershipView, NodeInfo, owner
+
+
+async def changed(view: MembershipView, version: int) -> list[str]:
+    """The node ids once the view moved past `version` (within 10 s)."""
+    with trio.fail_after(10):
+        await view.wait_changed(version)
+    return view.node_ids()
+
+
+async def test_nodes_that_join_and_leave_are_announced_at_once(postgres_dsn: str) -> None:
+    # A death would take 60 s to notice here: only the announcements can explain the speed.
+    membership = Membership(postgres_dsn, dead_after=60)
+    async with trio.open_nursery() as nursery:
+        view: MembershipView = await nursery.start(membership.serve_view)
+        assert view.nodes == ()
+        with trio.CancelScope() as node_a:
+            a: NodeInfo = await nursery.start(membership.serve_node, "a", "127.0.0.1:7001")
+        assert a.endpoint == "127.0.0.1:7001"
+        seen = view.version
+        nursery.start_soon(membership.serve_node, "b", "127.0.0.1:7002")
+        with trio.fail_after(2):
+            while view.node_ids() != ["a", "b"]:
+                seen = await view.wait_changed(seen)
+        assert await membership.live_nodes() == view.nodes
+        node_a.cancel()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_stopped_node_leaves_the_view(postgres_dsn: str) -> None:
+    membership = Membership(postgres_dsn, dead_after=60)
+    async with trio.open_nursery() as nursery:
+        view: MembershipView = await nursery.start(membership.serve_view)
+        async with trio.open_nursery() as nodes:
+            await nodes.start(membership.serve_node, "a", "127.0.0.1:7001")
+            await nodes.start(membership.serve_node, "b", "127.0.0.1:7002")
+            while view.node_ids() != ["a", "b"]:
+                await changed(view, view.version - 1)
+            stopping = trio.CancelScope()
+
+            async def short_lived() -> None:
+                with stopping:
+                    await membership.serve_node("c", "127.0.0.1:7003")
+
+            nodes.start_soon(short_lived)
+            while view.node_ids() != ["a", "b", "c"]:
+                await changed(view, view.version)
+            stopping.cancel()
+            with trio.fail_after(2):
+                while view.node_ids() != ["a", "b"]:
+                    await view.wait_changed(view.version)
+            nodes.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()
+    assert await membership.live_nodes() == ()
+
+
+async def test_a_node_that_stops_heartbeating_is_dead_after_its_timeout(postgres_dsn: str) -> None:
+    membership = Membership(postgres_dsn, dead_after=0.5)
+    await membership.live_nodes()  # creates the schema
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        # A node that crashed right after registering: no heartbeat, no departure.
+        connection.execute(
+            "INSERT INTO harness_nodes VALUES ('ghost', '127.0.0.1:7009', 'x', clock_timestamp())"
+        )
+    async with trio.open_nursery() as nursery:
+        view: MembershipView = await nursery.start(membership.serve_view)
+        assert view.node_ids() == ["ghost"]
+        assert await changed(view, view.version) == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_heartbeats_keep_a_node_alive_past_the_timeout(postgres_dsn: str) -> None:
+    membership = Membership(postgres_dsn, heartbeat_interval=0.1, dead_after=1.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(membership.serve_node, "a", "127.0.0.1:7001")
+        await trio.sleep(2.0)
+        assert [node.node_id for node in await membership.live_nodes()] == ["a"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_restarted_node_replaces_its_old_incarnation(postgres_dsn: str) -> None:
+    membership = Membership(postgres_dsn, heartbeat_interval=0.1)
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(MembershipError, match=r"node 'a': incarnation \w+ was replaced")
+    ):
+        async with trio.open_nursery() as nursery:
+            old: NodeInfo = await nursery.start(membership.serve_node, "a", "10.0.0.1:7001")
+            new: NodeInfo = await nursery.start(membership.serve_node, "a", "10.0.0.2:7001")
+            assert old.incarnation != new.incarnation
+            assert await membership.live_nodes() == (new,)
+            await trio.sleep_forever()
+
+
+async def test_the_view_places_sessions_by_rendezvous(postgres_dsn: str) -> None:
+    membership = Membership(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        for index in range(3):
+            await nursery.start(membership.serve_node, f"n{index}", f"127.0.0.1:{7000 + index}")
+        view: MembershipView = await nursery.start(membership.serve_view)
+        placed = {owner(f"s{index}", view.node_ids()) for index in range(60)}
+        assert placed == {"n0", "n1", "n2"}
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_unreachable_database_is_named(postgres_dsn: str) -> None:
+    with pytest.raises(MembershipError, match=r"cluster membership in PostgreSQL '127\.0\.0\.1:1'"):
+        await Membership("postgresql://harness@127.0.0.1:1/x").live_nodes()

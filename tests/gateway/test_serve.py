@@ -1,0 +1,132 @@
+"""`harness serve` and `harness acp` as subprocesses: start, serve, stop cleanly."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+from actors.session import SQLiteStore
+from actors.session.events import TurnEnd, TurnStart
+from tests.gateway.helpers import open_client
+
+HARNESS = [sys.executable, "-m", "supervision.cli"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DEEPSEEK_API_KEY", "HARNESS_TOKEN")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    return env
+
+
+async def _read_lines(stream: trio.abc.ReceiveStream, count: int) -> list[str]:
+    buffer = b""
+    while buffer.count(b"\n") < count:
+        chunk = await stream.receive_some()
+        assert chunk, f"harness serve ended early; printed {buffer!r}"
+        buffer += chunk
+    return buffer.decode().splitlines()[:count]
+
+
+async def test_harness_serve_prints_its_urls_serves_a_prompt_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "sessions.sqlite"
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(
+            functools.partial(
+                trio.run_process,
+                [*HARNESS, "serve", "--port", "0", "--store", str(store)],
+                stdout=subprocess.PIPE,
+                cwd=tmp_path,
+                env=_env(),
+                check=False,
+            )
+        )
+        (tmp_path / "notes.txt").write_text("hello")
+        with trio.fail_after(30):
+            gateway_line, dashboard_line, token_line = await _read_lines(process.stdout, 3)
+            assert gateway_line.startswith("gateway ws://127.0.0.1:")
+            assert gateway_line.endswith("/acp")
+            url = dashboard_line.removeprefix("dashboard ")
+            assert dashboard_line.startswith("dashboard http://127.0.0.1:")
+            token = token_line.removeprefix("token ")
+            async with httpx.AsyncClient() as http:
+                assert (await http.get(url + "healthz")).status_code == 200
+                page = await http.get(url)
+                assert page.status_code == 200 and '<script src="dashboard.js">' in page.text
+            host, port = gateway_line.removeprefix("gateway ws://").removesuffix("/acp").split(":")
+            async with open_client(
+                host, int(port), headers=[("Authorization", f"Bearer {token}")]
+            ) as client:
+                sid = (await client.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))[
+                    "sessionId"
+                ]
+                done = await client.call(
+                    "session/prompt",
+                    {
+                        "sessionId": sid,
+                        "prompt": [{"type": "text", "text": 'call list_files {"path": "."}'}],
+                    },
+                )
+                assert done["stopReason"] == "end_turn"
+                results = [
+                    n["params"]["update"]
+                    for n in client.notifications
+                    if n["params"]["update"]["sessionUpdate"] == "tool_call_update"
+                ]
+                assert "notes.txt" in json.dumps(results)
+                for index in range(20):  # keep the agent busy while the signal arrives
+                    await client.call(
+                        "_harness/session/send",
+                        {
+                            "sessionId": sid,
+                            "content": [{"type": "text", "text": f"more {index}"}],
+                            "placement": "next_turn",
+                        },
+                    )
+                process.send_signal(signal.SIGTERM)
+                with trio.fail_after(20):
+                    await process.wait()
+                closed = client.ws.closed
+                assert closed is None or closed.code in (1001, 1006)
+    assert process.returncode == 0
+    events = await SQLiteStore(store).load(sid)
+    starts = [e.data.turn for e in events if isinstance(e.data, TurnStart)]
+    ends = [e.data.turn for e in events if isinstance(e.data, TurnEnd)]
+    assert starts == ends  # every live turn was closed in the log
+
+
+async def test_harness_acp_speaks_json_rpc_on_stdio_and_stops_at_eof(tmp_path: Path) -> None:
+    requests = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "session/new",
+            "params": {"cwd": "/", "mcpServers": []},
+        },
+    ]
+    stdin = "".join(json.dumps(r) + "\n" for r in requests).encode()
+    with trio.fail_after(30):
+        done = await trio.run_process(
+            [*HARNESS, "acp", "--store", str(tmp_path / "s.sqlite")],
+            stdin=stdin,
+            capture_stdout=True,
+            capture_stderr=True,
+            cwd=tmp_path,
+            env=_env(),
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    answers = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert [a["id"] for a in answers] == [1, 2]
+    assert answers[0]["result"]["protocolVersion"] == 1
+    assert "sessionId" in answers[1]["result"]
