@@ -1,4 +1,4 @@
-"""`harness serve` and `harness acp`: a deployment behind the gateway, on a port or on stdio.
+"""`harness serve`: a deployment behind the gateway and the dashboard, on one port.
 
 The deployment's agent profiles become the gateway's `session/new`
 profiles (with their subagent tools); subagents the agents start are
@@ -6,9 +6,8 @@ announced to the gateway with their parent, so supervisors see the tree.
 Its first stdout lines, each flushed at once: `gateway ws://HOST:PORT/acp`,
 `dashboard http://HOST:PORT/` and, when the token was generated, `token
 VALUE`. SIGINT or SIGTERM stops it cleanly (live turns end aborted, the
-store is flushed) with exit status 0. `harness acp` serves the same
-deployment to one ACP client over stdin/stdout (an editor launching the
-agent), with every scope; EOF on stdin stops it the same way.
+store is flushed) with exit status 0. `harness acp`
+(`supervision.commands.acp`) serves the same deployment over stdio.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import argparse
 import os
 import secrets
 import signal
-import sys
 from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
@@ -37,9 +35,7 @@ from supervision.commands.common import (
 from supervision.config import DeploymentConfig, Environment
 from supervision.deployment import Deployment, open_deployment
 from supervision.gateway import AgentProfile, Gateway, GatewayError, Token, serve_gateway
-from supervision.gateway.auth import Principal
 from supervision.gateway.sessions import SessionDirectory
-from supervision.gateway.stdio import StdioTransport
 
 STATIC_DIR = Path(str(files("supervision.gateway") / "static"))
 """The dashboard's files, served at `/`."""
@@ -57,11 +53,6 @@ def register(commands: Commands) -> None:
         "--token", default=None, help="bearer token with every scope (default: $HARNESS_TOKEN)"
     )
     serve.set_defaults(handler=serve_command)
-    acp = commands.add_parser(
-        "acp", help="serve one ACP client over stdin/stdout, the way editors launch agents"
-    )
-    add_config_options(acp)
-    acp.set_defaults(handler=acp_command)
 
 
 def tokens_of(
@@ -190,55 +181,6 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
                 async for _ in signals:
                     nursery.cancel_scope.cancel()
                     break
-
-
-async def serve_acp(
-    args: argparse.Namespace,
-    config: DeploymentConfig,
-    stdin: trio.abc.ReceiveStream,
-    stdout: trio.abc.SendStream,
-) -> None:
-    """Serve one ACP client over `stdin`/`stdout` until EOF (live turns then end aborted).
-
-    The process boundary is the trust boundary: the client has every scope.
-
-    Raises:
-        ConfigError: a secret the config names is not set.
-    """
-    async with open_deployment(config, store_path=args.store) as deployment:
-        gateway = Gateway(
-            runtime=deployment.runtime,
-            directory=SessionDirectory(
-                runtime=deployment.runtime, profiles=profiles_of(deployment)
-            ),
-            tokens=(),
-            origins=(),
-            host="stdio",
-            port=0,
-        )
-        deployment.on_child(
-            lambda child, parent, profile: gateway.directory.adopt(
-                child, agent=profile, parent=parent
-            )
-        )
-        principal = Principal(token=Token(secret=secrets.token_urlsafe(24), name="stdio"))
-        await gateway.run_connection(
-            StdioTransport(stdin=stdin, stdout=stdout), principal, answer_after_eof=True
-        )
-
-
-def acp_command(args: argparse.Namespace) -> int:
-    """`harness acp [--config FILE] [--store PATH]`: exits 0 after EOF on stdin."""
-    config = config_of(args)
-
-    async def main() -> None:
-        stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
-        stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
-        async with stdin, stdout:
-            await serve_acp(args, config, stdin, stdout)
-
-    trio.run(main)
-    return EXIT_OK
 
 
 def serve_command(args: argparse.Namespace) -> int:
