@@ -24,6 +24,7 @@ from actors.providers.simulator import ModelScript, ScriptError, SimulatorConfig
 from actors.session import SessionError
 from supervision.bench.parallel import add_arguments as add_bench_arguments
 from supervision.bench.parallel import run_parsed as run_bench_parallel
+from supervision.commands import acp as acp_commands
 from supervision.commands import agent as agent_commands
 from supervision.commands import log as log_commands
 from supervision.commands import serve as serve_commands
@@ -46,6 +47,7 @@ Register = Callable[[Commands], None]
 
 COMMAND_GROUPS: tuple[Register, ...] = (
     serve_commands.register,
+    acp_commands.register,
     agent_commands.register,
     log_commands.register,
     watch_commands.register,

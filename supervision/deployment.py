@@ -236,7 +236,12 @@ def _profile_tools(profile: AgentConfig, scope: Scope) -> AssembleListener:
     return listener
 
 
-def _store(path: str, url: str | None) -> SessionStore:
+def session_store(path: str, url: str | None) -> SessionStore:
+    """The store `[store]` names: PostgreSQL at `url`, else SQLite at `path` (or memory).
+
+    Raises:
+        ConfigError: `url` is set but psycopg is not installed.
+    """
     if url is not None:
         try:
             from actors.session.postgres_store import PostgresStore
@@ -286,7 +291,7 @@ async def open_deployment(
     environment = resolve_environment(config, environ)
     url = None if store_path else config.store.url
     path = store_path or config.store.path
-    store = _store(path, url)
+    store = session_store(path, url)
     async with trio.open_nursery() as nursery:
         providers: dict[str, Provider] = {}
         for name, provider in config.providers.items():

@@ -14,7 +14,11 @@ burst costs quadratic time. Two library-based ways past it, combinable:
   open, so each pool's scan covers at most `1/K` of the connections.
 
 With the defaults (`http2=False`, `pools=1`) the client is a plain
-`httpx.AsyncClient(timeout=..., limits=...)`.
+`httpx.AsyncClient(timeout=..., limits=...)`. HTTP/2 is not the default
+because httpcore does not reset the stream of a cancelled request
+(encode/httpcore#943, #1022): the connection keeps counting it as open, so
+cancellations (timeouts, cancelled turns) can stall or fail the other
+requests multiplexed on it. Sharded HTTP/1.1 pools have no such coupling.
 """
 
 from __future__ import annotations

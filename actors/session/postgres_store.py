@@ -33,9 +33,10 @@ asyncio, so every database call is a blocking psycopg call in a
 - **Failures stay local.** A failed commit breaks the sessions whose appends
   it held; the writer reconnects for the next batch and carries on.
 
-Reads (`create`, `exists`, `load`, `list_sessions`, the lease calls) use a
-few pooled connections while the writer runs, and a connection of their own
-per call otherwise. The schema is created or migrated on the first
+Reads (`create`, `exists`, `load`, `list_sessions`, the lease calls) use at
+most `MAX_READ_CONNECTIONS` connections at once (more callers wait their
+turn), kept open between calls while the writer runs and closed after each
+call otherwise. The schema is created or migrated on the first
 connection (`actors/session/postgres_schema.py`).
 """
 
@@ -78,8 +79,10 @@ DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 CONNECT_TIMEOUT_SECONDS = 10
 """How long opening a connection may take before it fails."""
 
-MAX_IDLE_CONNECTIONS = 4
-"""Read connections kept open between calls while the writer runs."""
+MAX_READ_CONNECTIONS = 4
+"""Read connections a store uses at once (more callers wait their turn), and keeps
+open between calls while the writer runs: a node resuming hundreds of sessions at
+once must not exhaust the server's `max_connections`."""
 
 _Connection = psycopg.Connection[TupleRow]
 _Row = tuple[str, int, str, int]
@@ -149,6 +152,9 @@ class PostgresStoreStatistics:
         broken_sessions: sessions this store refuses to write (a failed or
             fenced append) until their lease is acquired again.
         leases_held: write leases this store object holds and renews.
+        renewal_failures: lease renewals that could not be written (each is
+            retried at the next period; a lease that expires meanwhile can
+            be taken over, and fencing then refuses this store's writes).
         commits: transactions committed by the writer.
         events_written: events committed by the writer.
         largest_batch: the most appends committed in one transaction.
@@ -160,6 +166,7 @@ class PostgresStoreStatistics:
     failed_appends: int
     broken_sessions: int
     leases_held: int
+    renewal_failures: int
     commits: int
     events_written: int
     largest_batch: int
@@ -221,12 +228,16 @@ class PostgresStore:
     _serving: bool = attrs.field(default=False, init=False)
     _schema_ready: bool = attrs.field(default=False, init=False)
     _idle: list[_Connection] = attrs.field(factory=list, init=False)
+    _readers: trio.CapacityLimiter = attrs.field(
+        factory=lambda: trio.CapacityLimiter(MAX_READ_CONNECTIONS), init=False
+    )
     _next_seq: dict[str, int] = attrs.field(factory=dict, init=False)
     _unconfirmed: set[_Append] = attrs.field(factory=set, init=False)
     _broken: dict[str, SessionError] = attrs.field(factory=dict, init=False)
     _held: dict[str, Lease] = attrs.field(factory=dict, init=False)
     _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
     _failed_appends: int = attrs.field(default=0, init=False)
+    _renewal_failures: int = attrs.field(default=0, init=False)
     _commits: int = attrs.field(default=0, init=False)
     _events_written: int = attrs.field(default=0, init=False)
     _largest_batch: int = attrs.field(default=0, init=False)
@@ -513,6 +524,7 @@ class PostgresStore:
             failed_appends=self._failed_appends,
             broken_sessions=len(self._broken),
             leases_held=len(self._held),
+            renewal_failures=self._renewal_failures,
             commits=self._commits,
             events_written=self._events_written,
             largest_batch=self._largest_batch,
@@ -592,29 +604,32 @@ class PostgresStore:
         return self._next_seq[session_id]
 
     async def _run(self, work: Callable[[_Connection], _T], doing: str) -> _T:
-        """Run `work` on a pooled (or, when the writer is stopped, a new) connection in a thread.
+        """Run `work` in a thread on a pooled (or, when the writer is stopped, a new) connection.
 
-        A raw `psycopg.Error` becomes a `SessionError` naming the store and `doing`.
+        At most `MAX_READ_CONNECTIONS` calls run at once; the others wait for
+        a turn. A raw `psycopg.Error` becomes a `SessionError` naming the
+        store and `doing`.
         """
-        connection = self._idle.pop() if self._idle else None
+        async with self._readers:
+            connection = self._idle.pop() if self._idle else None
 
-        def call() -> _T:
-            nonlocal connection
-            if connection is None:
-                connection = self._connect("reader")
-            return work(connection)
+            def call() -> _T:
+                nonlocal connection
+                if connection is None:
+                    connection = self._connect("reader")
+                return work(connection)
 
-        try:
-            return await trio.to_thread.run_sync(call)
-        except psycopg.Error as exc:
-            raise SessionError(f"{self._label}: cannot {doing}: {exc}") from exc
-        finally:
-            if connection is not None:
-                reusable = not connection.closed and not connection.broken
-                if reusable and self._serving and len(self._idle) < MAX_IDLE_CONNECTIONS:
-                    self._idle.append(connection)
-                else:
-                    connection.close()
+            try:
+                return await trio.to_thread.run_sync(call)
+            except psycopg.Error as exc:
+                raise SessionError(f"{self._label}: cannot {doing}: {exc}") from exc
+            finally:
+                if connection is not None:
+                    reusable = not connection.closed and not connection.broken
+                    if reusable and self._serving:
+                        self._idle.append(connection)
+                    else:
+                        connection.close()
 
     def _busy_error(self, connection: _Connection, session_id: str) -> SessionError:
         rows = connection.execute(_LEASE_ROWS.encode(), ([session_id],)).fetchall()
@@ -778,6 +793,7 @@ class PostgresStore:
             connection = await self._usable(connection)
             lost = await trio.to_thread.run_sync(_renew_leases, connection, held, self.lease_ttl)
         except (psycopg.Error, SessionError):
+            self._renewal_failures += 1
             return connection
         for lease in lost:
             if self._held.get(lease.session_id) == lease:

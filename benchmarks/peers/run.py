@@ -58,7 +58,8 @@ def main() -> int:
     parser.add_argument("--reply-tokens", type=int, default=24)
     parser.add_argument("--sequential-turns", type=int, default=20)
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
-    parser.add_argument("--http", choices=("1.1", "2"), default="2", help="harness's HTTP version")
+    parser.add_argument("--http", choices=("1.1", "2"), default="1.1", help="harness's HTTP")
+    parser.add_argument("--pools", type=int, default=8, help="harness's connection pools")
     args = parser.parse_args()
     pythons = {peer: ensure_venv(peer) for peer in args.peers}
     rows: list[dict[str, Any]] = []
@@ -70,7 +71,10 @@ def main() -> int:
         workload.flush()
         for sessions in args.sessions:
             settings = LevelSettings(
-                sessions=sessions, http2=args.http == "2", sequential_turns=args.sequential_turns
+                sessions=sessions,
+                http2=args.http == "2",
+                pools=args.pools,
+                sequential_turns=args.sequential_turns,
             )
             peer_settings = json.dumps(
                 {"sessions": sessions, "sequential_turns": args.sequential_turns}

@@ -90,11 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--http",
         choices=("1.1", "2"),
-        default="2",
-        help="HTTP version to the simulator (default 2: multiplexed, see actors.providers."
-        "http_client; 1.1 is the provider actor's default for deployments)",
+        default="1.1",
+        help="HTTP version to the simulator (2: multiplexed over one connection; see "
+        "actors.providers.http_client for why it is not the default)",
     )
-    parser.add_argument("--pools", type=int, default=1, help="connection pools in the client")
+    parser.add_argument(
+        "--pools", type=int, default=8, help="connection pools in the client (default 8)"
+    )
     parser.add_argument(
         "--max-in-flight", type=int, default=None, help="requests in flight (default: min(N, 1000))"
     )

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from actors.session import SessionStore, SQLiteStore, event_to_json
 from supervision.config import MEMORY_STORE, DeploymentConfig, load_config
+from supervision.deployment import session_store
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -79,13 +80,17 @@ def store_path_of(args: argparse.Namespace, config: DeploymentConfig) -> str:
 
 
 def existing_store(args: argparse.Namespace) -> SessionStore:
-    """The SQLite store the command reads (never created by reading).
+    """The store the command reads: `--store`, else the config's (a SQLite file is never
+    created by reading).
 
     Raises:
         ConfigError: the config is invalid.
         CommandError: the store is "memory" or its file does not exist.
     """
-    path = store_path_of(args, config_of(args))
+    config = config_of(args)
+    if getattr(args, "store", None) is None and config.store.url is not None:
+        return session_store(config.store.path, config.store.url)
+    path = store_path_of(args, config)
     if path == MEMORY_STORE:
         raise CommandError(
             "the store is 'memory': its sessions live only inside the process that ran them; "

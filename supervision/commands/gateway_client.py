@@ -106,13 +106,6 @@ class GatewayClient:
                     waiter.done.set()
 
 
-def _bearer_subprotocol(token: str) -> str:
-    import base64
-
-    encoded = base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
-    return f"harness.bearer.{encoded}"
-
-
 @asynccontextmanager
 async def open_gateway_client(url: str, token: str) -> AsyncIterator[GatewayClient]:
     """Connect to the gateway at `url` with `token`, `initialize`, and yield the client.

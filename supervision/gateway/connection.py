@@ -397,6 +397,10 @@ class Connection:
 
     async def _write(self) -> None:
         while True:
+            await self.outbox.wait_ready()
+            # One scheduling pass lets the other cursors woken by the same
+            # commit queue their events, so they share this write.
+            await trio.lowlevel.checkpoint()
             self._unsent = await self.outbox.take()
             # A batch is never cut by a close (only by the write deadline), so a
             # close never loses a reply that was already taken from the outbox.

@@ -97,7 +97,11 @@ async def sessions_list(params: SessionsListParams, call: Call) -> dict[str, Any
 
 
 async def sessions_watch(params: SessionsWatchParams, call: Call) -> dict[str, Any]:
-    """Notify `_harness/sessions/changed` when sessions are added or removed."""
+    """Notify `_harness/sessions/changed` when sessions are added, change status or are removed.
+
+    A live session's change carries its full `SessionSummary`; others carry
+    `{sessionId, agent}`.
+    """
     connection = call.connection
     directory = call.gateway.directory
     subscription = connection.new_subscription_id()
@@ -105,7 +109,10 @@ async def sessions_watch(params: SessionsWatchParams, call: Call) -> dict[str, A
     def changed(session_id: str, change: str) -> None:
         if not directory.visible(call.principal, session_id):
             return
-        session: dict[str, Any] = {"sessionId": session_id, "agent": directory.agent_of(session_id)}
+        session: dict[str, Any] = directory.live_summary(session_id) or {
+            "sessionId": session_id,
+            "agent": directory.agent_of(session_id),
+        }
         connection.send_notification(
             notification(
                 "_harness/sessions/changed",

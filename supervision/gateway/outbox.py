@@ -84,6 +84,13 @@ class Outbox:
         self.queued_frames += len(frames)
         self._ready.set()
 
+    async def wait_ready(self) -> None:
+        """Return once something is queued (without taking it). Cancellable."""
+        while not self._control and not self._log:
+            if self._ready.is_set():
+                self._ready = trio.Event()
+            await self._ready.wait()
+
     async def take(self) -> list[str]:
         """The next frames to write: every queued control frame, then every log batch.
 

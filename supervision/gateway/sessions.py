@@ -292,6 +292,23 @@ class SessionDirectory:
 
     # -- summaries ----------------------------------------------------------------
 
+    def announce_status(self, session_id: str) -> None:
+        """Tell the `_harness/sessions/watch` subscribers that the session's status changed."""
+        self._notify(session_id, "status")
+
+    def live_summary(self, session_id: str) -> dict[str, Any] | None:
+        """The `SessionSummary` of a running session from its durable events; None if not live."""
+        agent = self.live_agent(session_id)
+        if agent is None:
+            return None
+        return summarise(
+            session_id,
+            agent.session.durable_events(0),
+            status=agent.status,
+            agent=self.agent_of(session_id),
+            parent=self.parent_of(session_id),
+        )
+
     async def summary(self, session_id: str) -> dict[str, Any]:
         """The `SessionSummary` of `session_id` (camelCase, as on the wire)."""
         agent = self.live_agent(session_id)

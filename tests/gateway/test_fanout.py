@@ -57,7 +57,8 @@ async def _small_window_stream(gateway: Gateway) -> trio.SocketStream:
 
 async def test_fifty_supervisors_get_everything_and_a_stalled_reader_is_closed_4008() -> None:
     config = SimulatorConfig(reply_tokens=6)
-    async with running_gateway(config=config, write_deadline=1.0) as gateway:
+    # A deadline well above what a loaded machine can stall a healthy in-process reader for.
+    async with running_gateway(config=config, write_deadline=5.0) as gateway:
         with trio.fail_after(120):
             agents = [
                 await gateway.directory.create(profile="default", owner=None)

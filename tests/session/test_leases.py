@@ -21,6 +21,7 @@ from actors.providers.scripted import Reply, ScriptedProvider
 from actors.session import (
     Event,
     MemoryStore,
+    PostgresStore,
     SessionBusyError,
     SessionError,
     SessionFencedError,
@@ -54,11 +55,14 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[SessionStore, SessionStore]:
     if request.param == "memory":
         store = MemoryStore()
         return store, store
+    if request.param == "postgres":
+        dsn = request.getfixturevalue("postgres_dsn")
+        return PostgresStore(dsn), PostgresStore(dsn)
     return SQLiteStore(tmp_path / "s.db"), SQLiteStore(tmp_path / "s.db")
 
 

@@ -25,6 +25,7 @@ from actors.session import (
 )
 from actors.session.checksum import event_checksum
 from actors.session.postgres_schema import SCHEMA_VERSION, SchemaVersionError
+from actors.session.postgres_store import MAX_READ_CONNECTIONS
 from tests.session.store_helpers import PostgresBackend, serving, turn_start
 
 
@@ -400,3 +401,46 @@ async def test_a_lost_writer_connection_fails_one_batch_and_the_writer_reconnect
             await store.flush()
         assert store.statistics().reconnects == 1
     assert stored_seqs(postgres_dsn, "t") == [0]
+
+
+async def test_a_renewal_on_a_lost_connection_is_retried_on_a_new_one(postgres_dsn: str) -> None:
+    store = PostgresStore(postgres_dsn, lease_ttl=3.0)
+    async with serving(store):
+        await store.acquire_lease("s", owner="node-a")
+        sql(
+            postgres_dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'harness writer'",
+        )
+        await until(lambda: store.statistics().reconnects == 1)  # two renewals: fail, retry
+        assert store.statistics().renewal_failures == 1
+        assert store.statistics().leases_held == 1
+        with pytest.raises(SessionBusyError, match="node-a"):
+            await PostgresStore(postgres_dsn).acquire_lease("s", owner="node-b")
+
+
+async def test_many_concurrent_reads_share_a_few_connections(postgres_dsn: str) -> None:
+    store = PostgresStore(postgres_dsn)
+    for index in range(20):
+        await store.create(f"s{index}")
+    peak = 0
+    reading = True
+
+    async def sample() -> None:
+        nonlocal peak
+        while reading:
+            ((count,),) = sql(
+                postgres_dsn,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'harness reader'",
+            )
+            peak = max(peak, int(str(count)))
+            await trio.sleep(0.005)
+
+    async with serving(store), trio.open_nursery() as nursery:
+        nursery.start_soon(sample)
+        async with trio.open_nursery() as readers:
+            for round_ in range(10):
+                for index in range(20):
+                    readers.start_soon(store.load, f"s{(index + round_) % 20}")
+        reading = False
+    assert 1 <= peak <= MAX_READ_CONNECTIONS

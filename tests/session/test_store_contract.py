@@ -21,6 +21,7 @@ from actors.session import (
     Session,
     SessionError,
     SessionExistsError,
+    SessionStore,
     UnknownSessionError,
 )
 from actors.session.events import TurnStart
@@ -54,6 +55,10 @@ def writer_backend(request: pytest.FixtureRequest, tmp_path: Path) -> WriterBack
 
 
 # Every store.
+
+
+def test_every_store_implements_the_protocol(backend: Backend) -> None:
+    assert isinstance(backend.open_store(), SessionStore)
 
 
 async def test_reopening_a_session_restores_its_events_exactly(backend: Backend) -> None:

@@ -297,3 +297,29 @@ async def test_a_session_held_by_a_running_serve_is_one_line_with_what_to_do(
     assert result.returncode == 1
     err = result.stderr.decode().strip().splitlines()
     assert len(err) == 1 and "is busy" in err[0] and "harness inspect --url" in err[0]
+
+
+async def test_serve_announces_status_changes_with_the_summary(tmp_path: Path) -> None:
+    async with (
+        serving(tmp_path, "--token", TOKEN) as (ws, _, _),
+        open_gateway_client(ws, TOKEN) as watcher,
+        open_gateway_client(ws, TOKEN) as driver,
+    ):
+        await watcher.call("_harness/sessions/watch", {})
+        new = await driver.call("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+        await driver.call(
+            "session/prompt",
+            {"sessionId": new["sessionId"], "prompt": [{"type": "text", "text": "hi"}]},
+        )
+        changes: list[dict[str, Any]] = []
+        with trio.fail_after(30):
+            async for message in watcher.notifications:
+                if message["method"] == "_harness/sessions/changed":
+                    changes.append(message["params"])
+                    if [c["change"] for c in changes] == ["added", "status", "status"]:
+                        break
+        running, ended = changes[1]["session"], changes[2]["session"]
+        assert running["sessionId"] == new["sessionId"] and running["turn"] == 0
+        assert running["status"] == "running"
+        assert ended["usage"]["inputTokens"] > 0 and ended["headSeq"] > running["headSeq"]
+        assert ended["status"] == "idle"
