@@ -48,8 +48,10 @@ def representative(group: BaseExceptionGroup[BaseException]) -> BaseException | 
 def one_exception() -> Iterator[None]:
     """Re-raise an exception group leaving the block as the one exception it stands for.
 
-    A group of cancellations only is re-raised unchanged, so Trio can
-    deliver the cancellation.
+    The exception keeps its own `__cause__` when it has one (the group is
+    then its `__context__`); otherwise it is chained from the group. A group
+    of cancellations only is re-raised unchanged, so Trio can deliver the
+    cancellation.
     """
     try:
         yield
@@ -57,4 +59,8 @@ def one_exception() -> Iterator[None]:
         chosen = representative(group)
         if chosen is None:
             raise
+        if chosen.__cause__ is not None:
+            # Keep the exception's own cause (the OSError behind a domain
+            # error); the group stays reachable as its context.
+            raise chosen from chosen.__cause__
         raise chosen from group

@@ -46,6 +46,13 @@ def test_the_readme_has_the_snippets_this_file_runs() -> None:
     assert "../shared" not in README.read_text()
 
 
+def test_no_user_document_points_outside_the_repository() -> None:
+    docs = sorted((README.parent / "docs").glob("**/*.md"))
+    assert docs
+    for path in [README, *docs]:
+        assert "../shared" not in path.read_text(), path
+
+
 def test_quickstart_prints_what_the_readme_shows() -> None:
     printed = run_snippet(snippet("SimulatorEngine()"), {"__name__": "__readme__"})
     shown = next(b for b in blocks("text") if "from the cache" in b)

@@ -17,10 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from actors.agent import Agent, StepInspection
+from actors.agent import Agent
 from actors.providers.chunks import ReasoningDelta, TextDelta
 from actors.session import Event, SessionBusyError, event_to_json
-from actors.session.codec import unstructure_tools
 from actors.session.events import (
     AssistantChunk,
     AssistantMessage,
@@ -44,6 +43,7 @@ from supervision.commands.common import (
 from supervision.commands.gateway_client import open_gateway_client
 from supervision.config import DEFAULT_AGENT
 from supervision.deployment import Deployment, open_deployment
+from supervision.gateway.harness_methods import inspection_json
 from supervision.supervisor import ChildStartError
 
 
@@ -198,38 +198,6 @@ def run_command(args: argparse.Namespace) -> int:
         f"harness: turn {turn} of session {session_id} ended {reason_line(reason)}", file=sys.stderr
     )
     return EXIT_FAILED
-
-
-def inspection_json(inspection: StepInspection) -> dict[str, Any]:
-    """The inspection in the shape of `_harness/prompt/inspect`'s result (plus `shadows`)."""
-    header = inspection.header
-    out_header: dict[str, Any] = {"config": dict(header.config)}
-    if header.system:
-        out_header["system"] = header.system
-    if header.tools:
-        out_header["tools"] = unstructure_tools(header.tools)
-    return {
-        "header": out_header,
-        "headerChanged": inspection.header_changed,
-        "sections": [
-            {
-                "name": s.name,
-                "order": s.order,
-                "scope": s.scope,
-                "shadows": list(s.shadows),
-                "complete": s.complete,
-                "bytes": s.bytes,
-                "sha256": s.sha256,
-            }
-            for s in inspection.sections
-        ],
-        "tools": [{"name": t.name, "scope": t.scope} for t in inspection.tools],
-        "contexts": [
-            {"name": c.name, "order": c.order, "scope": c.scope, "text": c.text}
-            for c in inspection.contexts
-        ],
-        "variables": dict(inspection.variables),
-    }
 
 
 def inspect_command(args: argparse.Namespace) -> int:

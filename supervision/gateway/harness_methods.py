@@ -10,6 +10,7 @@ import hashlib
 import json
 from typing import Any
 
+from actors.agent import StepInspection
 from actors.prompt import PromptError
 from actors.session import Event, SessionError, event_to_json, rebuild_request
 from actors.session.events import RequestHeaderLogged
@@ -242,6 +243,14 @@ async def prompt_inspect(params: InspectParams, call: Call) -> dict[str, Any]:
             f"session {params.session_id!r}: assembly failed: {exc}",
             {"reason": "assembly_failed"},
         ) from exc
+    return inspection_json(inspection)
+
+
+def inspection_json(inspection: StepInspection) -> dict[str, Any]:
+    """`inspection` as `_harness/prompt/inspect`'s result (sections and contexts with `shadows`).
+
+    The header is written exactly as the log would write it.
+    """
     header_event = Event(
         type="request/header",
         seq=0,

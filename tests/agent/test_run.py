@@ -322,6 +322,7 @@ async def test_run_raises_for_a_connect_error_naming_it() -> None:
         async with open_agent(
             system_prompt=SystemPrompt(), provider=provider, options=options
         ) as agent:
-            with pytest.raises(TurnFailedError, match=r"turn 0 failed \(\w+\)") as raised:
+            with pytest.raises(TurnFailedError, match=r"turn 0 failed \(connect_error\)") as raised:
                 await agent.run("hi")
     assert raised.value.reason.kind == "error"
+    assert f"http://127.0.0.1:{port}/chat/completions" in str(raised.value)  # names the provider
