@@ -208,7 +208,9 @@ def node_gateway(
     runtime = deployment.runtime
     return Gateway(
         runtime=runtime,
-        directory=SessionDirectory(runtime=runtime, profiles=dict(profiles)),
+        directory=SessionDirectory(
+            runtime=runtime, profiles=dict(profiles), agent_restart="temporary"
+        ),
         tokens=(token,),
         origins=(),
         host=host,

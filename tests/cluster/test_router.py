@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 
@@ -216,3 +217,42 @@ async def test_two_gateways_with_different_views_never_make_two_writers(
         assert turns == list(range(turns[0], turns[0] + len(turns)))
         completed -= len(turns)
     assert completed == 0  # every completed prompt is one turn in the log, and no more
+
+
+async def test_a_node_whose_lease_was_taken_is_fenced_and_keeps_serving(
+    postgres_dsn: str,
+) -> None:
+    config = cluster_config(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        async with running_cluster(config, ("a",), nursery) as (_, gateway):
+            gateway.methods.router.retry_deadline = 3
+            async with connect(gateway) as client:
+                sid = (await client.call("session/new", {"cwd": "/", "mcpServers": []}))[
+                    "sessionId"
+                ]
+                await client.call("session/prompt", {"sessionId": sid, "prompt": text("one")})
+                before = len(await stored_events(postgres_dsn, sid))
+                # Another writer takes the lease over (as after a stall past its expiry).
+                with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+                    connection.execute(
+                        "UPDATE harness_leases SET epoch = epoch + 1, owner = 'thief', "
+                        "expires_at = clock_timestamp() + interval '60 s' WHERE session_id = %s",
+                        (sid,),
+                    )
+                reply = await client.request(
+                    "session/prompt", {"sessionId": sid, "prompt": text("two")}
+                )
+                assert reply["error"]["code"] == OVERLOADED, reply
+                assert "held by another node" in reply["error"]["message"]
+                stats = await client.call("_harness/stats", {})
+                assert stats["fencedCommits"] >= 1
+                assert stats["nodes"][0]["stats"]["node"]["fencedCommits"] >= 1
+                other = (await client.call("session/new", {"cwd": "/", "mcpServers": []}))[
+                    "sessionId"
+                ]
+                done = await client.call(
+                    "session/prompt", {"sessionId": other, "prompt": text("still here")}
+                )
+                assert done["stopReason"] == "end_turn"
+        nursery.cancel_scope.cancel()
+    assert len(await stored_events(postgres_dsn, sid)) == before
