@@ -26,6 +26,7 @@ import importlib
 import os
 import threading
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +90,15 @@ class RayLauncher:
         config_path: the deployment's TOML file (with `[store] url` on the
             shared PostgreSQL); its text is shipped to every actor, so the
             Ray nodes need not have the file. Environment variables it names
-            are read on each Ray node.
+            (the `[cluster]` token, provider keys) are read in each actor:
+            from `env`, else from the Ray node's own environment.
         address: the Ray cluster's address (`HOST:PORT` of its head).
         node_ip_address: this process's own address in the cluster, for
             a driver on a machine with several (a loopback test cluster:
             `127.0.0.2`); None lets Ray choose.
+        env: environment variables set in every actor (Ray's `runtime_env`);
+            Ray keeps them in its cluster state, readable by whoever can
+            reach the Ray cluster.
         max_restarts: restarts Ray makes of each actor (-1: unlimited).
         node_id_prefix: node ids are `<prefix>-<first 12 hex digits of the Ray node id>`.
         ready_timeout: seconds an actor may take to listen, from creation or restart.
@@ -103,6 +108,7 @@ class RayLauncher:
     config_path: Path = attrs.field(converter=Path)
     address: str
     node_ip_address: str | None = None
+    env: Mapping[str, str] = attrs.field(factory=dict)
     max_restarts: int = attrs.field(default=-1, validator=attrs.validators.ge(-1))
     node_id_prefix: str = "ray"
     ready_timeout: float = attrs.field(
@@ -143,13 +149,16 @@ class RayLauncher:
             ray_node_id = str(ray_node["NodeID"])
             node_id = f"{self.node_id_prefix}-{ray_node_id[:12]}"
             strategy = scheduling.NodeAffinitySchedulingStrategy(node_id=ray_node_id, soft=False)
-            self._actors[node_id] = node_actor.options(scheduling_strategy=strategy).remote(
-                text, str(self.config_path), node_id
-            )
+            self._actors[node_id] = node_actor.options(
+                scheduling_strategy=strategy, runtime_env={"env_vars": dict(self.env)}
+            ).remote(text, str(self.config_path), node_id)
         try:
             return self.nodes()
         except RayLauncherError:
-            self.stop()
+            # The start failure is the error to report; a node that did not
+            # start cannot stop cleanly either, and is removed all the same.
+            with contextlib.suppress(RayLauncherError):
+                self.stop()
             raise
 
     def nodes(self) -> list[RayNode]:
