@@ -22,6 +22,7 @@ process's: when `run_node` fails, the process exits, so Ray restarts it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import threading
@@ -33,6 +34,7 @@ from typing import Any
 import attrs
 import trio
 
+from supervision.cluster.node import run_node
 from supervision.config import parse_config
 from supervision.supervisor import SupervisionError
 
@@ -327,7 +329,6 @@ class NodeActor:
                 os._exit(1)
 
     async def _serve(self) -> None:
-        node = importlib.import_module("supervision.cluster.node")
         self._token = trio.lowlevel.current_trio_token()
         with trio.CancelScope() as scope:
             self._scope = scope
@@ -335,17 +336,11 @@ class NodeActor:
                 return
             async with trio.open_nursery() as nursery:
                 self._endpoint = await nursery.start(
-                    _run_node, node.run_node, self._config, self._node_id, self._ray_node_ip
+                    functools.partial(
+                        run_node,
+                        self._config,
+                        node_id=self._node_id,
+                        listen=f"{self._ray_node_ip}:0",
+                    )
                 )
                 self._ready.set()
-
-
-async def _run_node(
-    run_node: Any,
-    config: Any,
-    node_id: str,
-    host: str,
-    *,
-    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    await run_node(config, node_id=node_id, listen=f"{host}:0", task_status=task_status)
