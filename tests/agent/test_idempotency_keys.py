@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
@@ -17,10 +20,10 @@ from actors.agent import (
     open_agent,
 )
 from actors.prompt import SystemPrompt
-from actors.providers import Reply, ScriptedProvider, ToolCall
+from actors.providers import Chunk, GenerateRequest, Reply, ScriptedProvider, ToolCall
 from actors.session import Session, SQLiteStore
 from actors.session.events import Event, ToolResult, TurnStart
-from actors.session.lease import wall_clock_ms
+from actors.session.lease import SessionFencedError, wall_clock_ms
 from actors.session.session import INTERRUPTED_TOOL_RESULT
 from tests.session.test_resume_repair import crash_image
 
@@ -230,3 +233,43 @@ async def test_the_scale_out_guides_charge_tool_passes_the_key_on() -> None:
         await agent.when_idle()
     (call,) = logged_calls(agent.session)
     assert charged == [(250, f"{agent.session.id}:{call.seq}")]
+
+
+@attrs.define
+class TakeoverBeforeReplying:
+    """A provider whose first reply comes after another writer took the session over."""
+
+    inner: ScriptedProvider
+    path: Path
+    session_id: list[str]
+
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+        if len(self.inner.requests) == 0:  # the lease has expired for this store's clock
+            thief = SQLiteStore(self.path, wall_clock=lambda: wall_clock_ms() + 60_000)
+            await thief.acquire_lease(self.session_id[0], owner="thief")
+        async with aclosing(self.inner.stream(request)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+
+async def test_a_writer_that_lost_the_session_runs_no_tool(tmp_path: Path) -> None:
+    ran: list[IdempotencyKey] = []
+    path = tmp_path / "sessions.db"
+    session_id: list[str] = []
+    provider = TakeoverBeforeReplying(
+        ScriptedProvider([Reply.tool_calls([ToolCall(id="1", name="t")]), Reply.text("")]),
+        path,
+        session_id,
+    )
+    with pytest.raises(SessionFencedError):
+        async with open_agent(
+            system_prompt=SystemPrompt(),
+            provider=provider,
+            tools=[recording_tool(ran)],
+            store=SQLiteStore(path),
+        ) as agent:
+            session_id.append(agent.session.id)
+            agent.followup("go")
+            with trio.fail_after(10):
+                await agent.when_idle()
+    assert ran == []
