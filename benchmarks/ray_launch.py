@@ -37,38 +37,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervision.cluster.ray_launcher import RayLauncher, RayLauncherError, RayNode
+from supervision.cluster.ray_launcher import RayLauncher
 from tests.postgres import PostgresServer
-from tests.ray_cluster import HEAD_IP, RayCluster, rss_kib
+from tests.ray_cluster import HEAD_IP, RayCluster, deployment, restarted, rss_kib
 
 RESULTS = Path(__file__).parent / "results" / "ray_launch.json"
-DEPLOYMENT = """
-[store]
-url = "{dsn}"
-
-[cluster]
-nodes = "postgres"
-
-[providers.local]
-kind = "simulator"
-
-[agents.default]
-provider = "local"
-model = "deepseek-chat"
-"""
-
-
-def wait_restarted(launcher: RayLauncher, dead: RayNode) -> RayNode:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            now = {node.node_id: node for node in launcher.nodes()}
-        except RayLauncherError:  # restarting: Ray's calls fail meanwhile
-            now = {}
-        if dead.node_id in now and now[dead.node_id].pid != dead.pid:
-            return now[dead.node_id]
-        time.sleep(0.05)
-    raise RuntimeError(f"{dead.node_id} was not restarted within 120 s")
 
 
 def plain_node_rss_mib(config: Path, secret: str) -> float:
@@ -94,7 +67,7 @@ def plain_node_rss_mib(config: Path, secret: str) -> float:
 
 def one_run(server: PostgresServer, workdir: Path, token: str) -> dict[str, Any]:
     config = workdir / "deploy.toml"
-    config.write_text(DEPLOYMENT.format(dsn=server.new_schema()))
+    config.write_text(deployment(server.new_schema()))
     secret = secrets.token_hex(16)
     cluster = RayCluster.start(token)  # one token for all runs: `ray` keeps the first it saw
     result: dict[str, Any] = {
@@ -127,7 +100,7 @@ def one_run(server: PostgresServer, workdir: Path, token: str) -> dict[str, Any]
             victim = next(node for node in nodes if node.ray_node_ip != HEAD_IP)
             killed = time.monotonic()
             os.kill(victim.pid, signal.SIGKILL)
-            wait_restarted(launcher, victim)
+            restarted(launcher, victim, deadline_seconds=120)
             result["restart_s"] = time.monotonic() - killed
         finally:
             stopping = time.monotonic()

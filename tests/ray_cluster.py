@@ -10,7 +10,8 @@ finds exactly this cluster's processes in `/proc` and `stop()` kills them
 by PID: never `ray stop`, never a match on a process name.
 
 The driver (the calling process) must run with `driver_environment()` set
-(`RAY_AUTH_MODE`, `RAY_AUTH_TOKEN`, `HOME`) to join.
+(`RAY_AUTH_MODE`, `RAY_AUTH_TOKEN`, `HOME`) to join. `deployment()` and
+`restarted()` are what the Ray test and `benchmarks/ray_launch.py` share.
 """
 
 from __future__ import annotations
@@ -30,10 +31,48 @@ from pathlib import Path
 
 import attrs
 
+from supervision.cluster.ray_launcher import RayLauncher, RayLauncherError, RayNode
+
 HEAD_IP = "127.0.0.2"
 WORKER_IP = "127.0.0.3"
 _MARKER = "HARNESS_TEST_RAY_CLUSTER"
 _STOP_TIMEOUT_SECONDS = 20.0
+
+
+def deployment(dsn: str) -> str:
+    """A cluster deployment on `dsn`: the `[cluster]` table and the bundled simulator."""
+    return f"""
+[store]
+url = "{dsn}"
+
+[cluster]
+nodes = "postgres"
+
+[providers.local]
+kind = "simulator"
+
+[agents.default]
+provider = "local"
+model = "deepseek-chat"
+"""
+
+
+def restarted(launcher: RayLauncher, dead: RayNode, deadline_seconds: float = 60.0) -> RayNode:
+    """The node that replaced `dead` once Ray restarted its actor (asked until it answers).
+
+    Raises:
+        RuntimeError: no restarted node answered within `deadline_seconds`.
+    """
+    deadline = time.monotonic() + deadline_seconds
+    while time.monotonic() < deadline:
+        try:
+            now = {node.node_id: node for node in launcher.nodes()}
+        except RayLauncherError:  # the actor is restarting: Ray's calls fail meanwhile
+            now = {}
+        if dead.node_id in now and now[dead.node_id].pid != dead.pid:
+            return now[dead.node_id]
+        time.sleep(0.05)
+    raise RuntimeError(f"{dead.node_id} was not restarted within {deadline_seconds} s")
 
 
 def _free_port(host: str) -> int:

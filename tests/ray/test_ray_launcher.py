@@ -14,7 +14,6 @@ import itertools
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,31 +29,13 @@ if importlib.util.find_spec("ray") is None:  # found, not imported: Ray reads it
         allow_module_level=True,
     )
 
-from supervision.cluster.ray_launcher import RayLauncher, RayLauncherError, RayNode
+from supervision.cluster.ray_launcher import RayLauncher
 from supervision.cluster.wire import parse, to_node
 from tests.postgres import PostgresServer, PostgresUnavailable
-from tests.ray_cluster import HEAD_IP, WORKER_IP, RayCluster
+from tests.ray_cluster import HEAD_IP, WORKER_IP, RayCluster, deployment, restarted
 
-RESTART_DEADLINE_SECONDS = 60.0
 TAKEOVER_DEADLINE_SECONDS = 60.0
 SECRET = "cluster-secret-for-the-ray-test"
-
-
-def deployment(dsn: str) -> str:
-    return f"""
-[store]
-url = "{dsn}"
-
-[cluster]
-nodes = "postgres"
-
-[providers.local]
-kind = "simulator"
-
-[agents.default]
-provider = "local"
-model = "deepseek-chat"
-"""
 
 
 @pytest.fixture
@@ -128,20 +109,6 @@ def completed_turns(dsn: str, session_id: str) -> int:
     return sum(
         1 for e in ends if e["type"] == "turn/end" and e["data"]["reason"]["kind"] == "completed"
     )
-
-
-def restarted(launcher: RayLauncher, dead: RayNode) -> RayNode:
-    """The node that replaced `dead` once Ray restarted its actor (asked until it answers)."""
-    deadline = time.monotonic() + RESTART_DEADLINE_SECONDS
-    while True:
-        try:
-            now = {node.node_id: node for node in launcher.nodes()}
-        except RayLauncherError:  # the actor is restarting: Ray calls fail meanwhile
-            now = {}
-        if dead.node_id in now and now[dead.node_id].pid != dead.pid:
-            return now[dead.node_id]
-        assert time.monotonic() < deadline, f"{dead.node_id} was not restarted"
-        time.sleep(0.2)
 
 
 def test_nodes_run_on_each_ray_node_survive_a_kill_and_stop_by_pid(
