@@ -45,17 +45,10 @@ class StdioTransport:
                 raise TransportClosed(1000, "end of input")
             self._buffer.extend(data)
 
-    async def send(self, text: str) -> None:
-        """Write one line."""
-        try:
-            await self.stdout.send_all(text.encode() + b"\n")
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise TransportClosed(None, str(exc)) from None
-
-    async def send_batch(self, texts: list[str]) -> None:
+    async def send_batch(self, payloads: list[bytes]) -> None:
         """Write several lines at once."""
         try:
-            await self.stdout.send_all("".join(text + "\n" for text in texts).encode())
+            await self.stdout.send_all(b"".join(payload + b"\n" for payload in payloads))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise TransportClosed(None, str(exc)) from None
 

@@ -133,3 +133,26 @@ def _log(gateway: Gateway, session_id: str) -> list[dict[str, Any]]:
     session = gateway.directory.live_session(session_id)
     assert session is not None
     return session.to_json()
+
+
+async def test_a_subscriber_dropped_by_the_fanout_catches_up_and_loses_nothing() -> None:
+    config = SimulatorConfig(reply_tokens=40)
+    async with running_gateway(config=config) as gateway, connect(gateway) as client:
+        with trio.fail_after(60):
+            agent = await gateway.directory.create(profile="default", owner=None)
+            sid = agent.session.id
+            await client.call("_harness/log/subscribe", {"sessionId": sid})  # live only
+            (connection,) = gateway.connections
+            # A one-byte log lane: nearly every batch the fan-out offers is refused, so the
+            # subscription keeps dropping out, catching up from the log and joining again.
+            connection.outbox.log_capacity = 1
+            for turn in range(3):
+                agent.followup(f"turn {turn}")
+            await agent.when_idle()
+            await agent.session.flush()
+            expected = [json.dumps(e) for e in _log(gateway, sid)]
+            await client.wait_for_log_events(len(expected))
+            assert [json.dumps(e) for e in client.log_events[sid]] == expected
+            assert connection.statistics().catch_ups > 0
+            caught_up = [n for n in client.notifications if n["method"] == "_harness/log/caughtUp"]
+            assert len(caught_up) == 1
