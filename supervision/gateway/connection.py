@@ -57,7 +57,7 @@ from supervision.gateway.protocol import (
     parse_frame,
     response,
 )
-from supervision.gateway.transport import Transport, TransportClosed
+from supervision.gateway.transport import Framing, Transport, TransportClosed
 
 if TYPE_CHECKING:
     from supervision.gateway.server import Gateway
@@ -134,17 +134,22 @@ class _LiveLog:
     stopped: bool = False
     catch_up: Callable[[], None] | None = None
     wants_text: bool = True
+    outbox: Outbox = attrs.field(init=False)
+    framing: Framing = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.outbox = self.connection.outbox
+        self.framing = self.connection.transport.framing
 
     def deliver(self, events: Sequence[Event], encoded: Sequence[bytes], head: int) -> bool:
-        """Queue the batch's frames, or leave (False) when the log lane is full."""
-        connection = self.connection
-        if self.stopped or connection.outbox_closed:
+        """Queue the batch's frames, or leave (False) when the log lane is full or closed."""
+        if self.stopped:
             return False
-        outbox = connection.outbox
+        outbox = self.outbox
         if not outbox.log_has_room:
-            connection.fall_behind(self)
+            self.connection.fall_behind(self)
             return False
-        frames = self.cursor.frames(events, encoded, head)
+        frames = self.cursor.frames(events, encoded, head, self.framing)
         if frames:
             outbox.offer_log(frames, sum(map(len, frames)))
         return True
@@ -295,7 +300,7 @@ class Connection:
                     events, head = await gateway.read_durable(
                         cursor.session_id, cursor.next_seq, CURSOR_BATCH
                     )
-                    frames = cursor.take(events, head)
+                    frames = cursor.take(events, head, self.transport.framing)
                     if frames:
                         await self.outbox.put_log(frames)
                     if (
@@ -484,7 +489,7 @@ class Connection:
 
     def _put_control(self, text: str) -> None:
         try:
-            self.outbox.put_control(text.encode())
+            self.outbox.put_control(self.transport.framing.frame(text.encode()))
         except OutboxOverflow as exc:
             self.gateway.count_slow_consumer()
             self.close(CLOSE_SLOW_CONSUMER, str(exc))

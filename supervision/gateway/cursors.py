@@ -36,6 +36,7 @@ from supervision.gateway.protocol import (
     notification,
     response,
 )
+from supervision.gateway.transport import Framing
 
 
 def encode_event(event: Event) -> bytes:
@@ -79,7 +80,7 @@ class Cursor(Protocol):
     next_seq: int
     finished: bool
 
-    def take(self, events: Sequence[Event], head: int) -> list[bytes]:
+    def take(self, events: Sequence[Event], head: int, framing: Framing) -> list[bytes]:
         """Frames for `events` (from `next_seq` on, contiguous); advances `next_seq`.
 
         `head` is the session's durable seq when the events were read.
@@ -118,25 +119,45 @@ class LogCursor:
             + ',"event":'
         ).encode()
 
-    def take(self, events: Sequence[Event], head: int) -> list[bytes]:
+    def take(self, events: Sequence[Event], head: int, framing: Framing) -> list[bytes]:
         """One `_harness/log/event` per matching event, then `caughtUp` once at the head."""
         texts = self.texts
-        return self.frames(events, [texts.text(self.session_id, event) for event in events], head)
+        encoded = [texts.text(self.session_id, event) for event in events]
+        return self.frames(events, encoded, head, framing)
 
-    def frames(self, events: Sequence[Event], encoded: Sequence[bytes], head: int) -> list[bytes]:
-        """As `take`, with each event's JSON already encoded (`encoded[i]` is `events[i]`'s)."""
+    def frames(
+        self, events: Sequence[Event], encoded: Sequence[bytes], head: int, framing: Framing
+    ) -> list[bytes]:
+        """As `take`, with each event's JSON already encoded (`encoded[i]` is `events[i]`'s).
+
+        Each frame is one join of its header, the subscription's envelope,
+        the shared event bytes and the envelope's end.
+        """
+        if len(events) == 1 and self.caught_up and self.types is None:
+            # The fan-out's usual case (one commit, one event): the same frame, fewer steps.
+            (event,) = events
+            if event.seq < self.next_seq:
+                return []
+            self.next_seq = event.seq + 1
+            self.delivered += 1
+            text, prefix = encoded[0], self._prefix
+            size = len(prefix) + len(text) + len(_EVENT_END)
+            return [b"".join((framing.header(size), prefix, text, _EVENT_END, framing.trailer))]
         start = self.next_seq - events[0].seq if events else 0
         if start >= len(events):
             return []
         if start > 0:
             events, encoded = events[start:], encoded[start:]
-        prefix = self._prefix
+        prefix, header = self._prefix, framing.header
+        end = _EVENT_END + framing.trailer
+        around = len(prefix) + len(_EVENT_END)
+        join = b"".join
         if self.types is None:
-            frames = [prefix + text + _EVENT_END for text in encoded]
+            frames = [join((header(around + len(text)), prefix, text, end)) for text in encoded]
         else:
             types = self.types
             frames = [
-                prefix + text + _EVENT_END
+                join((header(around + len(text)), prefix, text, end))
                 for event, text in zip(events, encoded, strict=True)
                 if event.type in types
             ]
@@ -145,10 +166,12 @@ class LogCursor:
         if not self.caught_up and self.next_seq > head:
             self.caught_up = True
             frames.append(
-                encode(
-                    notification(
-                        "_harness/log/caughtUp",
-                        {"subscription": self.subscription, "seq": self.next_seq - 1},
+                framing.frame(
+                    encode(
+                        notification(
+                            "_harness/log/caughtUp",
+                            {"subscription": self.subscription, "seq": self.next_seq - 1},
+                        )
                     )
                 )
             )
@@ -179,7 +202,7 @@ class PromptCursor:
     cancelled: bool = False
     _candidate: int | None = None
 
-    def take(self, events: Sequence[Event], head: int) -> list[bytes]:
+    def take(self, events: Sequence[Event], head: int, framing: Framing) -> list[bytes]:
         """`session/update`s of the prompt's turn; the reply at its `turn/end`."""
         frames: list[bytes] = []
         for event in events:
@@ -202,25 +225,27 @@ class PromptCursor:
                     self._candidate = None
                 continue
             if isinstance(data, TurnEnd) and data.turn == self.turn:
-                frames.append(self._reply(event, data))
+                frames.append(framing.frame(self._reply(event, data)))
                 break
             for update in live_updates(event):
                 frames.append(
-                    encode(
-                        notification(
-                            "session/update", {"sessionId": self.session_id, "update": update}
+                    framing.frame(
+                        encode(
+                            notification(
+                                "session/update", {"sessionId": self.session_id, "update": update}
+                            )
                         )
                     )
                 )
         return frames
 
-    def cancel_if_waiting(self) -> list[bytes]:
-        """When the prompt has no turn yet: finish it as `cancelled` and return the reply frame."""
+    def cancel_if_waiting(self, framing: Framing) -> list[bytes]:
+        """When the prompt has no turn yet: finish it as `cancelled` and return the reply."""
         if self.turn is not None or self.finished:
             return []
         self.finished = True
         self.on_done()
-        return [encode(response(self.request_id, {"stopReason": "cancelled"}))]
+        return [framing.frame(encode(response(self.request_id, {"stopReason": "cancelled"})))]
 
     def _reply(self, event: Event, end: TurnEnd) -> bytes:
         self.finished = True
@@ -255,7 +280,7 @@ class ReplayCursor:
     on_done: Callable[[], None]
     finished: bool = False
 
-    def take(self, events: Sequence[Event], head: int) -> list[bytes]:
+    def take(self, events: Sequence[Event], head: int, framing: Framing) -> list[bytes]:
         """Replay updates for events up to `end_seq`; the reply after it."""
         frames = []
         for event in events:
@@ -264,14 +289,16 @@ class ReplayCursor:
             self.next_seq = event.seq + 1
             for update in replay_updates(event):
                 frames.append(
-                    encode(
-                        notification(
-                            "session/update", {"sessionId": self.session_id, "update": update}
+                    framing.frame(
+                        encode(
+                            notification(
+                                "session/update", {"sessionId": self.session_id, "update": update}
+                            )
                         )
                     )
                 )
         if self.next_seq > self.end_seq:
             self.finished = True
             self.on_done()
-            frames.append(encode(response(self.request_id, None)))
+            frames.append(framing.frame(encode(response(self.request_id, None))))
         return frames

@@ -195,7 +195,7 @@ class Gateway:
 
         Waits on the store's durability mark (woken by its commit), so it
         follows a session across agent restarts; reads from the live log,
-        else from the store.
+        else (no live agent, or its session hibernates) from the store.
 
         Raises:
             SessionError: the store failed to commit the session's events.
@@ -203,7 +203,7 @@ class Gateway:
         store = self.runtime.store
         await store.wait_durable(session_id, from_seq)
         session = self.directory.live_session(session_id)
-        if session is not None and len(session) > from_seq:
+        if session is not None and not session.hibernating and len(session) > from_seq:
             await session.wait_durable(from_seq)
             return session.durable_events(from_seq, limit), session.durable_seq
         events = await store.load(session_id)

@@ -327,9 +327,12 @@ class SessionDirectory:
         self._notify(session_id, "status", status)
 
     def live_summary(self, session_id: str) -> dict[str, Any] | None:
-        """The `SessionSummary` of a running session from its durable events; None if not live."""
+        """The `SessionSummary` of a running session from its durable events.
+
+        None when it is not live, or hibernates (its events are in the store only).
+        """
         agent = self.live_agent(session_id)
-        if agent is None:
+        if agent is None or agent.session.hibernating:
             return None
         return summarise(
             session_id,

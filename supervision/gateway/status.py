@@ -14,6 +14,7 @@ is closed ("removed") stops being followed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -22,6 +23,8 @@ from actors.session import Event
 from actors.session.events import TurnEnd, TurnStart
 from supervision.gateway.fanout import Fanout
 from supervision.gateway.sessions import SessionDirectory
+
+log = logging.getLogger(__name__)
 
 
 @attrs.define(eq=False)
@@ -33,12 +36,18 @@ class _StatusSubscriber:
     wants_text: bool = False
 
     def deliver(self, events: Sequence[Event], encoded: Sequence[bytes], head: int) -> bool:
-        """Announce "running" per `turn/start` and "idle" per `turn/end` in the batch."""
+        """Announce "running" per `turn/start` and "idle" per `turn/end` in the batch.
+
+        A failing watcher is logged and skipped: it never ends the session's
+        feed (which the session's log subscribers share).
+        """
         for event in events:
-            if isinstance(event.data, TurnStart):
-                self.directory.announce_status(self.session_id, "running")
-            elif isinstance(event.data, TurnEnd):
-                self.directory.announce_status(self.session_id, "idle")
+            if isinstance(event.data, TurnStart | TurnEnd):
+                status = "running" if isinstance(event.data, TurnStart) else "idle"
+                try:
+                    self.directory.announce_status(self.session_id, status)
+                except Exception:
+                    log.exception("announcing the status of session %r failed", self.session_id)
         return True
 
     def fail(self, reason: str) -> None:

@@ -26,11 +26,32 @@ class TransportClosed(Exception):
         self.reason = reason
 
 
-class Transport(Protocol):
-    """Whole-message I/O for one connection; outgoing messages are UTF-8 payloads."""
+@attrs.frozen
+class Framing:
+    """How a transport delimits outgoing messages: `header(length)`, the payload, `trailer`.
 
-    async def send_batch(self, payloads: list[bytes]) -> None:
-        """Send several messages with one write. Raises `TransportClosed`."""
+    Frames are built once, where the payload is made (the fan-out builds
+    each log frame with one join), and written as they are.
+    """
+
+    header: Callable[[int], bytes]
+    trailer: bytes
+
+    def frame(self, payload: bytes) -> bytes:
+        """`payload` (UTF-8) as one outgoing frame."""
+        return b"".join((self.header(len(payload)), payload, self.trailer))
+
+
+class Transport(Protocol):
+    """Whole-message I/O for one connection; outgoing messages are frames made with `framing`."""
+
+    @property
+    def framing(self) -> Framing:
+        """How outgoing messages are framed for this transport."""
+        ...
+
+    async def send_batch(self, frames: list[bytes]) -> None:
+        """Send several frames with one write. Raises `TransportClosed`."""
         ...
 
     async def receive(self) -> str | bytes:
@@ -57,6 +78,10 @@ def text_frame_header(length: int) -> bytes:
     if length < 65536:
         return struct.pack("!BBH", 0x81, 126, length)
     return struct.pack("!BBQ", 0x81, 127, length)
+
+
+WEBSOCKET_FRAMING = Framing(header=text_frame_header, trailer=b"")
+"""Unmasked text frames."""
 
 
 class SharedStream(trio.abc.Stream):
@@ -111,6 +136,7 @@ class WebSocketTransport:
 
     connection: trio_websocket.WebSocketConnection
     stream: SharedStream
+    framing: Framing = WEBSOCKET_FRAMING
 
     async def receive(self) -> str | bytes:
         """The next message; `TransportClosed` with the peer's close code."""
@@ -120,15 +146,11 @@ class WebSocketTransport:
             raise _closed(exc) from None
         return message
 
-    async def send_batch(self, payloads: list[bytes]) -> None:
-        """Send text frames (UTF-8 payloads) with one write."""
-        parts = []
-        for payload in payloads:
-            parts.append(text_frame_header(len(payload)))
-            parts.append(payload)
+    async def send_batch(self, frames: list[bytes]) -> None:
+        """Send text frames (made with `framing`) with one write."""
         try:
             written = await self.stream.send_frames(
-                b"".join(parts), lambda: self.connection.closed is not None
+                b"".join(frames), lambda: self.connection.closed is not None
             )
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise TransportClosed(None, str(exc)) from None
