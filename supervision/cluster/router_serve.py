@@ -91,6 +91,7 @@ async def serve_cluster_gateway(
             static_dir=static_dir,
             methods=ClusterMethodTable(router=router),
         )
+        await nursery.start(gateway.fanout.run)
         front = HttpFront(
             websocket=gateway.handle_websocket, ws_url=gateway.url, static_dir=static_dir
         )
