@@ -1,0 +1,71 @@
+"""The tool the chaos test's sessions call, imported by every node process from the config.
+
+`chaos_step(session, turn)` waits `CHAOS_TOOL_SECONDS` (a turn is then
+mid-tool for that long, so a signal lands mid-turn), then appends one JSON
+line to the journal file `$CHAOS_JOURNAL_DIR/PID.jsonl` naming the process
+that ran it, when it started and finished and a random nonce, and returns
+`ok NONCE`. The journal is the side channel the test checks the log
+against: a result a stopped node finished after it lost its lease must
+never be found in the log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+
+import trio
+
+JOURNAL_ENV = "CHAOS_JOURNAL_DIR"
+SECONDS_ENV = "CHAOS_TOOL_SECONDS"
+
+
+def _append(path: Path, line: str) -> None:
+    # One write of a short line to an O_APPEND file: never interleaved with another's.
+    with path.open("a") as journal:
+        journal.write(line)
+
+
+async def chaos_step(session: str, turn: int) -> str:
+    """Do one step of chaos-test work and say which process did it.
+
+    Args:
+        session: The session this call belongs to.
+        turn: The prompt number within the session.
+    """
+    started = time.time()
+    await trio.sleep(float(os.environ.get(SECONDS_ENV, "0.2")))
+    nonce = secrets.token_hex(6)
+    entry = {
+        "nonce": nonce,
+        "pid": os.getpid(),
+        "session": session,
+        "turn": turn,
+        "started": started,
+        "finished": time.time(),
+    }
+    path = Path(os.environ[JOURNAL_ENV]) / f"{os.getpid()}.jsonl"
+    await trio.to_thread.run_sync(_append, path, json.dumps(entry) + "\n")
+    return f"ok {nonce}"
+
+
+def read_journal(directory: Path) -> list[dict[str, object]]:
+    """Every entry of every process's journal under `directory`."""
+    entries = []
+    for path in sorted(directory.glob("*.jsonl")):
+        entries.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+    return entries
+
+
+def owners_at(journal: list[dict[str, object]], moment: float) -> dict[str, int]:
+    """Each session's process at `moment`: the PID that started its latest tool call before it."""
+    latest: dict[str, tuple[float, int]] = {}
+    for entry in journal:
+        session, pid = str(entry["session"]), int(str(entry["pid"]))
+        started = float(str(entry["started"]))
+        if started < moment and (session not in latest or latest[session][0] < started):
+            latest[session] = (started, pid)
+    return {session: pid for session, (_, pid) in latest.items()}
