@@ -105,6 +105,22 @@ async def inflict(cluster: Cluster, workload: Workload, dsn: str, timeline: Time
     await trio.sleep(AFTER_JOIN_SECONDS)
 
 
+async def stop_all(cluster: Cluster) -> dict[str, int]:
+    """SIGTERM the gateway, then every node still running, side by side; their exit statuses."""
+    statuses: dict[str, int] = {}
+    assert cluster.gateway is not None
+    statuses["gateway"] = await cluster.gateway.stop()
+
+    async def stop(name: str) -> None:
+        statuses[name] = await cluster.nodes[name].stop()
+
+    async with trio.open_nursery() as nursery:
+        for name, child in cluster.nodes.items():
+            if not child.killed:
+                nursery.start_soon(stop, name)
+    return statuses
+
+
 def shown(problems: list[str]) -> str:
     """The first problems, and how many there were."""
     head = "\n  ".join(problems[:SHOWN])
@@ -193,6 +209,7 @@ async def test_a_cluster_loses_stalls_and_gains_nodes_and_the_log_loses_nothing(
             heads = {sid: len(events) - 1 for sid, events in log.items()}
             behind = await workload.wait_caught_up(heads, CATCH_UP_TIMEOUT)
             journal = await journal_of(cluster)
+            statuses = await stop_all(cluster)
         except BaseException:
             print(cluster.outputs())
             raise
@@ -225,6 +242,10 @@ async def test_a_cluster_loses_stalls_and_gains_nodes_and_the_log_loses_nothing(
 
         problems, late = stale_writer_problems(journal, log, timeline, stats)
         assert not problems, "stale writer: " + shown(problems) + "\n" + cluster.outputs()
+
+        assert all(status == 0 for status in statuses.values()), (
+            f"exit statuses on SIGTERM: {statuses}\n{cluster.outputs()}"
+        )
 
         joined = [entry for entry in journal if entry["pid"] == timeline.joined_pid]
         assert joined, "the joining node ran no tool call: no session moved to it"
