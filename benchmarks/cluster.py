@@ -10,7 +10,8 @@ binaries, durable settings, a loopback port, stopped by its PID):
   the time context) against the benchmark simulator in its own process
   (0.05 s per request). Reported: steps/s over the turn phase and harness
   CPU per step: the user+system CPU of every harness process (the nodes
-  and the gateway, or the one `harness serve`) over that phase, from /proc.
+  and the gateway, or the one `harness serve`) over that phase, from /proc;
+  and PostgreSQL's CPU per step (the server and its backends) beside it.
 - **failover** (node launchers only): sessions run tool-calling turns
   continuously (the chaos test's `chaos_step`, 0.2 s each); one node is
   `kill -9`ed; for each session it held, the time from the kill to that
@@ -110,6 +111,19 @@ def bench_deployment(simulator_url: str) -> str:
     )
 
 
+def postgres_cpu(postmaster: int) -> float:
+    """CPU seconds used so far by the PostgreSQL server: the postmaster and its live children."""
+    total = cpu_seconds_of(postmaster)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited meanwhile
+        if int(fields[1]) == postmaster:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def harness_cpu(cluster: Cluster) -> float:
     """CPU seconds used so far by every harness process of `cluster`."""
     return sum(cpu_seconds_of(pid) for pid in cluster.pids().values())
@@ -126,7 +140,7 @@ async def connections(cluster: Cluster, sessions: int) -> AsyncIterator[list[Rpc
         ]
 
 
-async def throughput(cluster: Cluster, sessions: int) -> dict[str, Any]:
+async def throughput(cluster: Cluster, sessions: int, postmaster: int) -> dict[str, Any]:
     """N sessions, one turn each, all at once: steps/s and harness CPU per step."""
     async with connections(cluster, sessions) as sockets:
         ids: list[str] = [""] * sessions
@@ -157,10 +171,12 @@ async def throughput(cluster: Cluster, sessions: int) -> dict[str, Any]:
                 failures.append(str(exc))
 
         cpu_before, started = harness_cpu(cluster), time.monotonic()
+        db_before = postgres_cpu(postmaster)
         async with trio.open_nursery() as nursery:
             for index in range(sessions):
                 nursery.start_soon(prompt, index)
         wall, cpu = time.monotonic() - started, harness_cpu(cluster) - cpu_before
+        db = postgres_cpu(postmaster) - db_before
     steps = 2 * sessions
     return {
         "sessions": sessions,
@@ -168,6 +184,7 @@ async def throughput(cluster: Cluster, sessions: int) -> dict[str, Any]:
         "wallS": wall,
         "stepsPerS": steps / wall,
         "harnessCpuMsPerStep": 1000 * cpu / steps,
+        "postgresCpuMsPerStep": 1000 * db / steps,
         "processes": len(cluster.pids()),
         "failures": len(failures),
         "firstFailure": failures[0] if failures else None,
@@ -219,7 +236,7 @@ async def run_launcher(
         async with LAUNCHERS[name](
             root / "throughput", dsn, bench_deployment(simulator_url), env
         ) as c:
-            row["throughput"] = await throughput(c, args.sessions)
+            row["throughput"] = await throughput(c, args.sessions, server.process.pid)
         if name != "one-process" and args.failover_sessions:
             dsn = server.new_schema()
             async with LAUNCHERS[name](root / "failover", dsn, chaos_deployment(), {}) as cluster:
@@ -234,14 +251,16 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         return "-" if value is None else format(value, fmt)
 
     lines = [
-        f"{'launcher':<12} {'sessions':>8} {'steps/s':>8} {'CPU ms/step':>11} {'fail':>4} "
+        f"{'launcher':<12} {'sessions':>8} {'steps/s':>8} {'CPU ms/step':>11} "
+        f"{'PG ms/step':>10} {'fail':>4} "
         f"{'killed held':>11} {'recov p50 s':>11} {'recov max s':>11}"
     ]
     for row in rows:
         t, f = row["throughput"], row.get("failover", {})
         lines.append(
             f"{row['launcher']:<12} {t['sessions']:>8} {t['stepsPerS']:>8.0f} "
-            f"{t['harnessCpuMsPerStep']:>11.2f} {t['failures']:>4} "
+            f"{t['harnessCpuMsPerStep']:>11.2f} {t['postgresCpuMsPerStep']:>10.2f} "
+            f"{t['failures']:>4} "
             f"{cell(f.get('heldByKilledNode'), 'd'):>11} {cell(f.get('recoveryP50S'), '.1f'):>11} "
             f"{cell(f.get('recoveryMaxS'), '.1f'):>11}"
         )

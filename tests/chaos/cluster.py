@@ -115,6 +115,7 @@ def child_env(journal: Path, tool_seconds: float, token: str) -> Mapping[str, st
     env = {k: v for k, v in os.environ.items() if k not in ("DEEPSEEK_API_KEY",)}
     env["PYTHONPATH"] = str(REPO)
     env["HARNESS_TOKEN"] = token
+    env["HARNESS_CLUSTER_TOKEN"] = f"cluster-{token}"  # what the gateway presents to the nodes
     env[JOURNAL_ENV] = str(journal)
     env[SECONDS_ENV] = str(tool_seconds)
     env["PYTHONUNBUFFERED"] = "1"

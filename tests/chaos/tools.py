@@ -53,10 +53,14 @@ async def chaos_step(session: str, turn: int) -> str:
 
 
 def read_journal(directory: Path) -> list[dict[str, object]]:
-    """Every entry of every process's journal under `directory`."""
+    """Every complete entry of every process's journal under `directory`.
+
+    A line still being written (no newline yet) is left for the next read.
+    """
     entries = []
     for path in sorted(directory.glob("*.jsonl")):
-        entries.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+        *complete, _partial = path.read_text().split("\n")
+        entries.extend(json.loads(line) for line in complete)
     return entries
 
 
