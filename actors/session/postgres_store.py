@@ -162,6 +162,9 @@ class PostgresStoreStatistics:
         commit_latency: how long the recent commits' transactions took (the
             last 1,024, bounded memory).
         reconnects: writer connections replaced after they broke.
+        fenced_appends: appends refused because this store's lease on their
+            session was taken over (by the database's epoch check, or here
+            once that was learnt).
     """
 
     pending_appends: int
@@ -175,6 +178,7 @@ class PostgresStoreStatistics:
     largest_batch: int
     commit_latency: LatencySummary
     reconnects: int
+    fenced_appends: int = 0
 
 
 @attrs.define(eq=False)
@@ -241,6 +245,7 @@ class PostgresStore:
     _held: dict[str, Lease] = attrs.field(factory=dict, init=False)
     _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
     _failed_appends: int = attrs.field(default=0, init=False)
+    _fenced_appends: int = attrs.field(default=0, init=False)
     _renewal_failures: int = attrs.field(default=0, init=False)
     _commits: int = attrs.field(default=0, init=False)
     _events_written: int = attrs.field(default=0, init=False)
@@ -535,6 +540,7 @@ class PostgresStore:
             largest_batch=self._largest_batch,
             commit_latency=self._commit_latency.summary(),
             reconnects=self._reconnects,
+            fenced_appends=self._fenced_appends,
         )
 
     @property
@@ -558,9 +564,12 @@ class PostgresStore:
     def _check_writable(self, session_id: str, lease: Lease | None) -> None:
         broken = self._broken.get(session_id)
         if broken is not None:
+            if isinstance(broken, SessionFencedError):
+                self._fenced_appends += 1
             raise broken.with_traceback(None)
         held = self._held.get(session_id)
         if lease is not None and held != lease:
+            self._fenced_appends += 1
             raise SessionFencedError(
                 f"{self._label}: session {session_id!r}: the write lease of epoch "
                 f"{lease.epoch} is no longer held by this store (released or taken over)",
@@ -782,6 +791,8 @@ class PostgresStore:
                     self._marks.advance(request.session_id, request.rows[-1][1])
             else:
                 self._failed_appends += 1
+                if isinstance(error, SessionFencedError):
+                    self._fenced_appends += 1
                 self._broken.setdefault(request.session_id, error)
                 self._marks.fail(request.session_id, error)
         if committed:
