@@ -110,7 +110,11 @@ def _ignore(method: str, params: Any) -> None:
 async def open_rpc(
     url: str, token: str, on_notification: Notification = _ignore
 ) -> AsyncIterator[RpcConnection]:
-    """A connected, initialized `RpcConnection`; closed (and its reader ended) on the way out."""
+    """A connected, initialized `RpcConnection`; closed (and its reader ended) on the way out.
+
+    An exception from the body leaves as it is, not wrapped in the reader's nursery group.
+    """
+    failure: BaseException | None = None
     async with (
         trio_websocket.open_websocket_url(
             url,
@@ -123,5 +127,10 @@ async def open_rpc(
         connection = RpcConnection(ws=ws, on_notification=on_notification)
         nursery.start_soon(connection.pump)
         await connection.call("initialize", {"protocolVersion": 1})
-        yield connection
+        try:
+            yield connection
+        except BaseException as exc:
+            failure = exc
         nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure

@@ -22,7 +22,9 @@ well under 3 minutes on a 2-core machine.
 
 from __future__ import annotations
 
+import collections
 import json
+import re
 import statistics
 import time
 from contextlib import AsyncExitStack
@@ -35,7 +37,7 @@ import trio
 from tests.chaos import logcheck
 from tests.chaos.cluster import Cluster, open_cluster
 from tests.chaos.tools import owners_at, read_journal
-from tests.chaos.workload import Workload
+from tests.chaos.workload import PromptRecord, Workload
 from tests.postgres import PostgresServer
 
 SESSIONS = 300
@@ -72,6 +74,16 @@ class Timeline:
     leases_at_resume: dict[str, tuple[str | None, int]] = attrs.field(factory=dict)
     joined_pid: int = 0
     joined_at: float = 0.0
+
+    def relative(self) -> str:
+        """The faults' times, in seconds from the start."""
+        return (
+            f"kill -9 pid {self.killed_pid} at +{self.killed_at - self.started:.1f} s "
+            f"({len(self.killed_in_flight)} of its turns in flight); SIGSTOP pid "
+            f"{self.stopped_pid} at +{self.stopped_at - self.started:.1f} s, SIGCONT at "
+            f"+{self.resumed_at - self.started:.1f} s; pid {self.joined_pid} joined at "
+            f"+{self.joined_at - self.started:.1f} s"
+        )
 
 
 async def journal_of(cluster: Cluster) -> list[dict[str, Any]]:
@@ -119,6 +131,15 @@ async def stop_all(cluster: Cluster) -> dict[str, int]:
             if not child.killed:
                 nursery.start_soon(stop, name)
     return statuses
+
+
+def outcomes(records: list[PromptRecord]) -> collections.Counter[str]:
+    """The failed prompts' outcomes with session ids blanked out, counted."""
+    counts: collections.Counter[str] = collections.Counter()
+    for record in records:
+        text = re.sub(r"[0-9a-f]{32}", "SID", str(record.outcome))
+        counts[re.sub(r"\d+(\.\d+)? s\b", "N s", text)[:300]] += 1
+    return counts
 
 
 def shown(problems: list[str]) -> str:
@@ -215,63 +236,68 @@ async def test_a_cluster_loses_stalls_and_gains_nodes_and_the_log_loses_nothing(
             raise
         finally:
             (tmp_path / "timeline.json").write_text(json.dumps(attrs.asdict(timeline), default=str))
+        outputs = cluster.outputs()
+    assert not stuck, f"{len(stuck)} prompts unanswered {DRAIN_TIMEOUT} s after the end\n{outputs}"
 
-        assert not stuck, f"{len(stuck)} prompts unanswered {DRAIN_TIMEOUT} s after the end"
-        failed = workload.failed_prompts()
-        assert not failed, (
-            shown([f"prompt {r.turn} of session {r.session_id}: {r.outcome}" for r in failed])
-            + "\n"
-            + cluster.outputs()
+    verdicts: dict[str, list[str]] = {}
+    failed = workload.failed_prompts()
+    verdicts["prompts answered end_turn"] = [
+        f"{n} x {outcome}" for outcome, n in outcomes(failed).most_common()
+    ]
+    verdicts["seqs contiguous, checksums hold"] = logcheck.check_contiguous(log)
+    problems, repeated = logcheck.check_prompts(log, workload.prompts_by_session())
+    verdicts["each prompt's turn once, completed"] = problems
+    problems = list(behind)
+    if len(workload.subscriptions) != SESSIONS:
+        problems.append(f"{len(workload.subscriptions)} subscriptions, not {SESSIONS}")
+    for sub in workload.subscriptions.values():
+        problems += logcheck.check_subscriber(
+            sub.subscription, sub.session_id, sub.from_seq, sub.events, log
         )
+    verdicts["subscribers gap-free, duplicate-free, byte-equal"] = problems
+    verdicts["a turn in flight on the killed node"] = (
+        [] if timeline.killed_in_flight else ["the killed node had no turn in flight"]
+    )
+    problems, late = stale_writer_problems(journal, log, timeline, stats)
+    verdicts["the stale writer's writes refused"] = problems
+    verdicts["clean exit on SIGTERM"] = [
+        f"{name} exited with status {status}" for name, status in statuses.items() if status != 0
+    ]
+    joined = [entry for entry in journal if entry["pid"] == timeline.joined_pid]
+    verdicts["the joining node took sessions"] = (
+        [] if joined else ["the joining node ran no tool call: no session moved to it"]
+    )
 
-        problems = logcheck.check_contiguous(log)
-        assert not problems, "log seqs: " + shown(problems)
-
-        problems, repeated = logcheck.check_prompts(log, workload.prompts_by_session())
-        assert not problems, "prompts: " + shown(problems)
-
-        problems = list(behind)
-        for sub in workload.subscriptions.values():
-            problems += logcheck.check_subscriber(
-                sub.subscription, sub.session_id, sub.from_seq, sub.events, log
-            )
-        assert len(workload.subscriptions) == SESSIONS
-        assert not problems, "subscribers: " + shown(problems)
-
-        assert timeline.killed_in_flight, "the killed node had no turn in flight when killed"
-
-        problems, late = stale_writer_problems(journal, log, timeline, stats)
-        assert not problems, "stale writer: " + shown(problems) + "\n" + cluster.outputs()
-
-        assert all(status == 0 for status in statuses.values()), (
-            f"exit statuses on SIGTERM: {statuses}\n{cluster.outputs()}"
-        )
-
-        joined = [entry for entry in journal if entry["pid"] == timeline.joined_pid]
-        assert joined, "the joining node ran no tool call: no session moved to it"
-
-        owners = owners_at(journal, timeline.killed_at)
-        moved = [sid for sid, pid in owners.items() if pid == timeline.killed_pid]
-        recovery = []
-        for sid in moved:
-            at = logcheck.first_step_end_after(log[sid], int(timeline.killed_at * 1000))
-            if at is not None:
-                recovery.append(at / 1000 - timeline.killed_at)
-        summary = {
-            "sessions": SESSIONS,
-            "prompts": len(workload.prompts),
-            "events": sum(len(events) for events in log.values()),
-            "repeatedTurns": repeated,
-            "killedInFlight": len(timeline.killed_in_flight),
-            "staleLateResults": late,
-            "fencedCommits": stats.get("fencedCommits"),
-            "joinedToolCalls": len(joined),
-            "recoveryS": {
-                "sessions": len(recovery),
-                "p50": statistics.median(recovery) if recovery else None,
-                "max": max(recovery) if recovery else None,
-            },
-            "setupS": ready - started,
-            "runS": ran - ready,
-        }
-        print("chaos summary:", json.dumps(summary))
+    owners = owners_at(journal, timeline.killed_at)
+    held = [sid for sid, pid in owners.items() if pid == timeline.killed_pid]
+    recovery = []
+    for sid in held:
+        at = logcheck.first_step_end_after(log[sid], int(timeline.killed_at * 1000))
+        if at is not None:
+            recovery.append(at / 1000 - timeline.killed_at)
+    summary = {
+        "sessions": SESSIONS,
+        "prompts": len(workload.prompts),
+        "failedPrompts": len(failed),
+        "events": sum(len(events) for events in log.values()),
+        "repeatedTurns": repeated,
+        "killedInFlight": len(timeline.killed_in_flight),
+        "staleLateResults": late,
+        "fencedCommits": stats.get("fencedCommits") if isinstance(stats, dict) else None,
+        "joinedToolCalls": len(joined),
+        "recoveryS": {
+            "sessions": len(recovery),
+            "p50": statistics.median(recovery) if recovery else None,
+            "max": max(recovery) if recovery else None,
+        },
+        "setupS": ready - started,
+        "runS": ran - ready,
+        "totalS": time.monotonic() - started,
+    }
+    print("chaos summary:", json.dumps(summary))
+    print(timeline.relative())
+    broken = {name: problems for name, problems in verdicts.items() if problems}
+    assert not broken, (
+        "\n".join(f"{name}: {shown(problems)}" for name, problems in broken.items())
+        + f"\n{timeline.relative()}\nexit statuses {statuses}\n{outputs}"
+    )
