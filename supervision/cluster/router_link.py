@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import json
 import logging
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -82,18 +83,44 @@ class NodeLink:
         reason = "node stream closed"
         try:
             with self._cancel:
-                async with trio_websocket.open_websocket_url(
-                    self.node.endpoint,
-                    extra_headers=[(b"Authorization", f"Bearer {self.secret}".encode())],
-                    max_message_size=MAX_LINK_FRAME,
-                    connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                    disconnect_timeout=1,
-                ) as websocket:
-                    reason = await self._serve(websocket)
-        except (OSError, trio_websocket.HandshakeError, trio_websocket.ConnectionClosed) as exc:
+                reason = await self._connect_and_serve()
+        except (
+            OSError,
+            trio.TooSlowError,
+            trio_websocket.HandshakeError,
+            trio_websocket.ConnectionClosed,
+        ) as exc:
             reason = f"cannot keep a node stream to {self.node.endpoint}: {exc!r}"
         finally:
             self._fail(reason)
+
+    async def _connect_and_serve(self) -> str:
+        """Open the TCP stream (ours, so it is always closed), upgrade it, serve it."""
+        url = urllib.parse.urlsplit(self.node.endpoint)
+        host, port = url.hostname or "", url.port or 80
+        with trio.fail_after(CONNECT_TIMEOUT_SECONDS):
+            stream = await trio.open_tcp_stream(host, port)
+        try:
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(CONNECT_TIMEOUT_SECONDS):
+                    websocket = await trio_websocket.wrap_client_stream(
+                        nursery,
+                        stream,
+                        host,
+                        url.path or "/",
+                        extra_headers=[(b"Authorization", f"Bearer {self.secret}".encode())],
+                        max_message_size=MAX_LINK_FRAME,
+                    )
+                reason = await self._serve(websocket)
+                nursery.cancel_scope.cancel()
+            return reason
+        except trio.TooSlowError:
+            return (
+                f"node {self.node_id!r} did not accept a node stream "
+                f"within {CONNECT_TIMEOUT_SECONDS} s"
+            )
+        finally:
+            await trio.aclose_forcefully(stream)
 
     async def _serve(self, websocket: trio_websocket.WebSocketConnection) -> str:
         send, receive = trio.open_memory_channel[str](SEND_QUEUE)

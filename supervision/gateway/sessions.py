@@ -237,10 +237,11 @@ class SessionDirectory:
             if starting is None:
                 break
             await starting.wait()
-        if not await self.runtime.store.exists(session_id):
-            raise UnknownSessionError(f"session {session_id!r} is not stored")
+        # Claimed before the store is asked, so a concurrent attach waits instead of starting twice.
         done = self._starting[session_id] = trio.Event()
         try:
+            if not await self.runtime.store.exists(session_id):
+                raise UnknownSessionError(f"session {session_id!r} is not stored")
             name = self.agent_of(session_id)
             chosen = self.profile(name if name in self.profiles else "default")
             child = await self.runtime.start_agent(
