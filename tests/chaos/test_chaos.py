@@ -36,12 +36,12 @@ import trio
 
 from tests.chaos import logcheck
 from tests.chaos.cluster import Cluster, open_cluster
-from tests.chaos.tools import owners_at, read_journal
+from tests.chaos.tools import in_flight_at, owners_at, read_journal
 from tests.chaos.workload import PromptRecord, Workload
 from tests.postgres import PostgresServer
 
 SESSIONS = 300
-TOOL_SECONDS = 1.0
+TOOL_SECONDS = 1.5
 """How long each `chaos_step` call takes: a signal often lands while tools run."""
 LEASE_TTL_SECONDS = 10.0
 """The store's lease length (the default): a stalled node's leases expire after this."""
@@ -162,7 +162,8 @@ def stale_writer_problems(
     late = [
         entry
         for entry in journal
-        if entry["pid"] == timeline.stopped_pid
+        if entry["phase"] == "end"
+        and entry["pid"] == timeline.stopped_pid
         and float(entry["started"]) < timeline.stopped_at
         and float(entry["finished"]) > timeline.resumed_at
     ]
@@ -263,7 +264,7 @@ async def test_a_cluster_loses_stalls_and_gains_nodes_and_the_log_loses_nothing(
     verdicts["clean exit on SIGTERM"] = [
         f"{name} exited with status {status}" for name, status in statuses.items() if status != 0
     ]
-    joined = [entry for entry in journal if entry["pid"] == timeline.joined_pid]
+    joined = [e for e in journal if e["phase"] == "end" and e["pid"] == timeline.joined_pid]
     verdicts["the joining node took sessions"] = (
         [] if joined else ["the joining node ran no tool call: no session moved to it"]
     )
@@ -283,6 +284,7 @@ async def test_a_cluster_loses_stalls_and_gains_nodes_and_the_log_loses_nothing(
         "repeatedTurns": repeated,
         "killedInFlight": len(timeline.killed_in_flight),
         "staleLateResults": late,
+        "toolsInFlightAtStop": in_flight_at(journal, timeline.stopped_pid, timeline.stopped_at),
         "fencedCommits": stats.get("fencedCommits") if isinstance(stats, dict) else None,
         "joinedToolCalls": len(joined),
         "recoveryS": {
@@ -295,6 +297,7 @@ async def test_a_cluster_loses_stalls_and_gains_nodes_and_the_log_loses_nothing(
         "totalS": time.monotonic() - started,
     }
     print("chaos summary:", json.dumps(summary))
+    (tmp_path / "summary.json").write_text(json.dumps({"summary": summary, "stats": stats}))
     print(timeline.relative())
     broken = {name: problems for name, problems in verdicts.items() if problems}
     assert not broken, (

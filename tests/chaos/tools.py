@@ -1,10 +1,10 @@
 """The tool the chaos test's sessions call, imported by every node process from the config.
 
-`chaos_step(session, turn)` waits `CHAOS_TOOL_SECONDS` (a turn is then
-mid-tool for that long, so a signal lands mid-turn), then appends one JSON
-line to the journal file `$CHAOS_JOURNAL_DIR/PID.jsonl` naming the process
-that ran it, when it started and finished and a random nonce, and returns
-`ok NONCE`. The journal is the side channel the test checks the log
+`chaos_step(session, turn)` appends a `start` line to the journal file
+`$CHAOS_JOURNAL_DIR/PID.jsonl`, waits `CHAOS_TOOL_SECONDS` (a turn is then
+mid-tool for that long, so a signal lands mid-turn), appends an `end` line
+naming the process that ran it, when it started and finished and a random
+nonce, and returns `ok NONCE`. The journal is the side channel the test checks the log
 against: a result a stopped node finished after it lost its lease must
 never be found in the log.
 """
@@ -37,17 +37,12 @@ async def chaos_step(session: str, turn: int) -> str:
         turn: The prompt number within the session.
     """
     started = time.time()
+    path = Path(os.environ[JOURNAL_ENV]) / f"{os.getpid()}.jsonl"
+    begun = {"phase": "start", "pid": os.getpid(), "session": session, "turn": turn}
+    await trio.to_thread.run_sync(_append, path, json.dumps({**begun, "started": started}) + "\n")
     await trio.sleep(float(os.environ.get(SECONDS_ENV, "0.2")))
     nonce = secrets.token_hex(6)
-    entry = {
-        "nonce": nonce,
-        "pid": os.getpid(),
-        "session": session,
-        "turn": turn,
-        "started": started,
-        "finished": time.time(),
-    }
-    path = Path(os.environ[JOURNAL_ENV]) / f"{os.getpid()}.jsonl"
+    entry = {**begun, "phase": "end", "nonce": nonce, "started": started, "finished": time.time()}
     await trio.to_thread.run_sync(_append, path, json.dumps(entry) + "\n")
     return f"ok {nonce}"
 
@@ -62,6 +57,23 @@ def read_journal(directory: Path) -> list[dict[str, object]]:
         *complete, _partial = path.read_text().split("\n")
         entries.extend(json.loads(line) for line in complete)
     return entries
+
+
+def in_flight_at(journal: list[dict[str, object]], pid: int, moment: float) -> int:
+    """How many tool calls process `pid` had started by `moment` and not finished by then."""
+    ended = {
+        (e["session"], e["turn"], e["started"])
+        for e in journal
+        if e["phase"] == "end" and float(str(e["finished"])) <= moment
+    }
+    return sum(
+        1
+        for e in journal
+        if e["phase"] == "start"
+        and e["pid"] == pid
+        and float(str(e["started"])) < moment
+        and (e["session"], e["turn"], e["started"]) not in ended
+    )
 
 
 def owners_at(journal: list[dict[str, object]], moment: float) -> dict[str, int]:
