@@ -407,7 +407,9 @@ class PostgresStore:
         """Give `lease` up so another writer may take the session at once.
 
         A lease that was already taken over is left alone. The epoch stays
-        used: writes still carrying it are refused.
+        used: writes still carrying it are refused. A session this store
+        learnt it lost (fenced) stops counting as broken here: its refused
+        writes were reported to its writer, which gives it up now.
 
         Cancellation: takes effect before or after the update, never during it.
 
@@ -416,6 +418,10 @@ class PostgresStore:
         """
         if self._held.get(lease.session_id) == lease:
             del self._held[lease.session_id]
+        if isinstance(self._broken.get(lease.session_id), SessionFencedError):
+            # Its writer was told its writes were refused, and now gives the session up:
+            # they are the stale writer's, never durable, and no longer this store's concern.
+            del self._broken[lease.session_id]
 
         def drop(connection: _Connection) -> None:
             connection.execute(_DROP_LEASE.encode(), (lease.session_id, lease.epoch))

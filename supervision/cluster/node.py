@@ -4,7 +4,9 @@
 `[store] url`, listens for gateways' node streams (websockets, one per
 gateway, authenticated with the cluster secret), registers in the
 `harness_nodes` table (heartbeat every second, dead five seconds after the
-last) and hosts every session a gateway touches here, until cancelled.
+last) and hosts every session a gateway touches here, until cancelled; when
+a node joins, the sessions it now owns are released here at their next turn
+boundary (`supervision.cluster.node_rebalance`).
 Each client connection a gateway forwards becomes a virtual connection of
 an ordinary gateway `Connection` (see `supervision.cluster.wire`), so the
 node answers the same methods as `harness serve`, with the node's
@@ -23,8 +25,9 @@ import attrs
 import trio
 import trio_websocket
 
-from supervision.cluster.membership import Membership
+from supervision.cluster.membership import Membership, MembershipView
 from supervision.cluster.node_methods import NODE_METHODS
+from supervision.cluster.node_rebalance import Rebalancer
 from supervision.cluster.wire import EnvelopeError, end_to_gateway, parse, to_gateway
 from supervision.config import ConfigError, DeploymentConfig
 from supervision.deployment import Deployment, open_deployment
@@ -205,7 +208,9 @@ def node_gateway(
     runtime = deployment.runtime
     return Gateway(
         runtime=runtime,
-        directory=SessionDirectory(runtime=runtime, profiles=dict(profiles)),
+        directory=SessionDirectory(
+            runtime=runtime, profiles=dict(profiles), agent_restart="temporary"
+        ),
         tokens=(token,),
         origins=(),
         host=host,
@@ -284,7 +289,10 @@ async def run_node(
                 host=host,
                 port=server.port,
             )
-            await nursery.start(Membership(config.store.url).serve_node, node_id, endpoint)
+            membership = Membership(config.store.url)
+            await nursery.start(membership.serve_node, node_id, endpoint)
+            view: MembershipView = await nursery.start(membership.serve_view)
+            nursery.start_soon(Rebalancer(gateway=gateway, view=view, node_id=node_id).run)
             log.info("node %s listening on %s", node_id, endpoint)
             task_status.started(endpoint)
             await trio.sleep_forever()

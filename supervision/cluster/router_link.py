@@ -48,6 +48,7 @@ Notify = Callable[[str, Mapping[str, Any]], None]
 
 @attrs.define(eq=False)
 class _Waiter:
+    key: str
     done: trio.Event = attrs.field(factory=trio.Event)
     reply: Mapping[str, Any] | None = None
     down: str | None = None
@@ -171,17 +172,23 @@ class NodeLink:
         notify = self.clients.get(envelope.key)
         if envelope.end is not None:
             self._opened.discard(envelope.key)
+            # The node closed this client (e.g. its session broke there): its calls retry.
+            for waiting_id, waiter in list(self._waiters.items()):
+                if waiter.key == envelope.key:
+                    del self._waiters[waiting_id]
+                    waiter.down = f"node {self.node_id!r} closed the client: {envelope.reason}"
+                    waiter.done.set()
             if notify is not None:
                 notify(self.node_id, {"_clientEnded": envelope.end, "reason": envelope.reason})
             return
         for text in envelope.texts:
             message = json.loads(text)
             for one in message if isinstance(message, list) else [message]:
-                rpc_id = one.get("id") if "method" not in one else None
-                waiter = self._waiters.pop(rpc_id, None) if isinstance(rpc_id, int) else None
-                if waiter is not None:
-                    waiter.reply = one
-                    waiter.done.set()
+                answered = one.get("id") if "method" not in one else None
+                found = self._waiters.pop(answered, None) if isinstance(answered, int) else None
+                if found is not None:
+                    found.reply = one
+                    found.done.set()
                 elif "method" in one and notify is not None:
                     notify(self.node_id, one)
 
@@ -209,7 +216,7 @@ class NodeLink:
 
     async def _request(self, key: str, method: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
         rpc_id = next(self._ids)
-        waiter = self._waiters[rpc_id] = _Waiter()
+        waiter = self._waiters[rpc_id] = _Waiter(key=key)
         try:
             await self._put(
                 wire.to_node(

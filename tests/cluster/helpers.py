@@ -18,6 +18,7 @@ import trio
 import trio_websocket
 
 from supervision.cluster import wire
+from supervision.cluster.membership import MembershipView
 from supervision.cluster.node import run_node
 from supervision.cluster.router_serve import serve_cluster_gateway
 from supervision.config import DeploymentConfig, parse_config
@@ -154,7 +155,13 @@ async def raw_node_client(
         yield client
 
 
-async def start_gateway(config: DeploymentConfig, nursery: trio.Nursery) -> Any:
+async def start_gateway(
+    config: DeploymentConfig,
+    nursery: trio.Nursery,
+    *,
+    view: MembershipView | None = None,
+    retry_deadline: float | None = None,
+) -> Any:
     """A cluster gateway on 127.0.0.1 port 0 (token `GATEWAY_SECRET`)."""
     return await nursery.start(
         lambda task_status: serve_cluster_gateway(
@@ -162,6 +169,8 @@ async def start_gateway(config: DeploymentConfig, nursery: trio.Nursery) -> Any:
             host="127.0.0.1",
             port=0,
             tokens=[Token(secret=GATEWAY_SECRET, name="full-access")],
+            view=view,
+            retry_deadline=retry_deadline,
             task_status=task_status,
         )
     )
