@@ -70,6 +70,7 @@ class Timeline:
     stopped_pid: int = 0
     stopped_at: float = 0.0
     resumed_at: float = 0.0
+    in_flight_at_stop: list[str] = attrs.field(factory=list)
     leases_at_stop: dict[str, tuple[str | None, int]] = attrs.field(factory=dict)
     leases_at_resume: dict[str, tuple[str | None, int]] = attrs.field(factory=dict)
     joined_pid: int = 0
@@ -105,6 +106,7 @@ async def inflict(cluster: Cluster, workload: Workload, dsn: str, timeline: Time
     stalled = cluster.nodes["n2"]
     stalled.pause()
     timeline.stopped_pid, timeline.stopped_at = stalled.pid, time.time()
+    timeline.in_flight_at_stop = list(workload.in_flight)
     timeline.leases_at_stop = await trio.to_thread.run_sync(logcheck.read_leases, dsn)
     await trio.sleep(STOP_SECONDS)
     timeline.leases_at_resume = await trio.to_thread.run_sync(logcheck.read_leases, dsn)
@@ -138,7 +140,7 @@ def outcomes(records: list[PromptRecord]) -> collections.Counter[str]:
     counts: collections.Counter[str] = collections.Counter()
     for record in records:
         text = re.sub(r"[0-9a-f]{32}", "SID", str(record.outcome))
-        counts[re.sub(r"\d+(\.\d+)? s\b", "N s", text)[:300]] += 1
+        counts[re.sub(r"\d+(\.\d+)? s\b", "N s", text)[:400]] += 1
     return counts
 
 
@@ -285,6 +287,11 @@ async def test_a_cluster_loses_stalls_and_gains_nodes_and_the_log_loses_nothing(
         "killedInFlight": len(timeline.killed_in_flight),
         "staleLateResults": late,
         "toolsInFlightAtStop": in_flight_at(journal, timeline.stopped_pid, timeline.stopped_at),
+        "promptsInFlightAtStopOnItsSessions": sum(
+            1
+            for sid in timeline.in_flight_at_stop
+            if f"pid {timeline.stopped_pid} " in str(timeline.leases_at_stop.get(sid, ("",))[0])
+        ),
         "fencedCommits": stats.get("fencedCommits") if isinstance(stats, dict) else None,
         "joinedToolCalls": len(joined),
         "recoveryS": {
