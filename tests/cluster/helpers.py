@@ -212,3 +212,25 @@ async def wait_nodes(gateway: Any, count: int) -> None:
     with trio.fail_after(10):
         while len(view.nodes) != count:
             await view.wait_changed(view.version)
+
+
+def serve_process(config_path: Path, token: str) -> subprocess.Popen[bytes]:
+    """`harness serve --config FILE --port 0 --token TOKEN` as a subprocess (stdout piped)."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "supervision.cli",
+            "serve",
+            "--config",
+            str(config_path),
+            "--port",
+            "0",
+            "--token",
+            token,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "HARNESS_CLUSTER_TOKEN": CLUSTER_SECRET},
+        cwd=config_path.parent,
+    )
