@@ -270,6 +270,11 @@ async def run_node(
                         await NodeStream(
                             gateway=gateway, websocket=websocket, principal_token=token
                         ).run()
+                    except TransportClosed:
+                        pass  # the gateway went away while a reply was being sent
+                    except Exception:
+                        # One stream's failure never takes the node down.
+                        log.exception("node stream from a gateway failed")
                     finally:
                         with trio.CancelScope(shield=True), trio.move_on_after(1):
                             await websocket.aclose(CLOSE_GOING_AWAY, "node stream ended")
