@@ -75,6 +75,9 @@ class WriterStatistics:
         largest_batch: the most appends committed in one transaction.
         commit_latency: how long the recent commits' transactions took (the
             last 1,024, bounded memory).
+        fenced_appends: appends refused because this store's lease on their
+            session was taken over (by the database's epoch check, or here
+            once that was learnt).
     """
 
     pending_appends: int
@@ -87,6 +90,7 @@ class WriterStatistics:
     events_written: int
     largest_batch: int
     commit_latency: LatencySummary
+    fenced_appends: int
 
 
 @attrs.define(eq=False)
@@ -228,6 +232,7 @@ class GroupCommitter:
     _held: dict[str, Lease] = attrs.field(factory=dict, init=False)
     _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
     _failed_appends: int = attrs.field(default=0, init=False)
+    _fenced_appends: int = attrs.field(default=0, init=False)
     _renewal_failures: int = attrs.field(default=0, init=False)
     _commits: int = attrs.field(default=0, init=False)
     _events_written: int = attrs.field(default=0, init=False)
@@ -422,6 +427,7 @@ class GroupCommitter:
             events_written=self._events_written,
             largest_batch=self._largest_batch,
             commit_latency=self._commit_latency.summary(),
+            fenced_appends=self._fenced_appends,
         )
 
     def _writer_channel(self, session_id: str) -> trio.MemorySendChannel[PendingAppend | None]:
@@ -436,9 +442,12 @@ class GroupCommitter:
     def _check_writable(self, session_id: str, lease: Lease | None) -> None:
         broken = self._broken.get(session_id)
         if broken is not None:
+            if isinstance(broken, SessionFencedError):
+                self._fenced_appends += 1
             raise broken.with_traceback(None)
         held = self._held.get(session_id)
         if lease is not None and held != lease:
+            self._fenced_appends += 1
             raise SessionFencedError(
                 f"{self.label}: session {session_id!r}: the write lease of epoch "
                 f"{lease.epoch} is no longer held by this store (released or taken over)",
@@ -567,6 +576,8 @@ class GroupCommitter:
                     self._marks.advance(request.session_id, request.rows[-1][1])
             else:
                 self._failed_appends += 1
+                if isinstance(error, SessionFencedError):
+                    self._fenced_appends += 1
                 self._broken.setdefault(request.session_id, error)
                 self._marks.fail(request.session_id, error)
         if committed:

@@ -190,9 +190,18 @@ class NodeStream:
 
 
 def node_gateway(
-    deployment: Deployment, profiles: Mapping[str, AgentProfile], token: Token, host: str, port: int
+    deployment: Deployment,
+    profiles: Mapping[str, AgentProfile],
+    token: Token,
+    *,
+    node_id: str,
+    host: str,
+    port: int,
 ) -> Gateway:
-    """The node's gateway object: the node's runtime behind the node method table."""
+    """The node's gateway object: the node's runtime behind the node method table.
+
+    Its `runtime_id` is the node id (so `initialize` and `_harness/stats` name the node).
+    """
     runtime = deployment.runtime
     return Gateway(
         runtime=runtime,
@@ -201,6 +210,7 @@ def node_gateway(
         origins=(),
         host=host,
         port=port,
+        runtime_id=node_id,
         methods=MethodTable(methods=NODE_METHODS),
     )
 
@@ -266,7 +276,14 @@ async def run_node(
             except OSError as exc:
                 raise NodeError(f"node {node_id!r} cannot listen on {listen}: {exc}") from exc
             endpoint = f"ws://{host}:{server.port}"
-            gateway = node_gateway(deployment, profiles_of(deployment), token, host, server.port)
+            gateway = node_gateway(
+                deployment,
+                profiles_of(deployment),
+                token,
+                node_id=node_id,
+                host=host,
+                port=server.port,
+            )
             await nursery.start(Membership(config.store.url).serve_node, node_id, endpoint)
             log.info("node %s listening on %s", node_id, endpoint)
             task_status.started(endpoint)

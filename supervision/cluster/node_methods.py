@@ -245,14 +245,29 @@ async def prompt(params: PromptParams, call: Call) -> Any:
     return DEFERRED
 
 
+async def stats(params: Any, call: Call) -> dict[str, Any]:
+    """`_harness/stats` with `node: {nodeId, fencedCommits}` (appends refused by fencing)."""
+    result: dict[str, Any] = await METHODS["_harness/stats"].handler(params, call)
+    store_statistics = getattr(call.gateway.runtime.store, "statistics", None)
+    snapshot = store_statistics() if callable(store_statistics) else None
+    result["node"] = {
+        "nodeId": call.gateway.runtime_id,
+        "fencedCommits": int(getattr(snapshot, "fenced_appends", 0)),
+    }
+    return result
+
+
+def _node_method(name: str, method: Method) -> Method:
+    if name == "session/new":
+        return attrs.evolve(method, handler=new_session)
+    if name == "session/prompt":
+        return _hosting(attrs.evolve(method, handler=prompt))
+    if name == "_harness/stats":
+        return attrs.evolve(method, handler=stats)
+    return _hosting(method)
+
+
 NODE_METHODS: Mapping[str, Method] = {
-    name: (
-        attrs.evolve(method, handler=new_session)
-        if name == "session/new"
-        else _hosting(attrs.evolve(method, handler=prompt))
-        if name == "session/prompt"
-        else _hosting(method)
-    )
-    for name, method in METHODS.items()
+    name: _node_method(name, method) for name, method in METHODS.items()
 }
 """The gateway's method table as a node serves it (see the module docstring)."""

@@ -14,7 +14,10 @@ import trio
 import trio_websocket
 
 from supervision.cluster import wire
+from supervision.cluster.node import run_node
+from supervision.cluster.router_serve import serve_cluster_gateway
 from supervision.config import DeploymentConfig, parse_config
+from supervision.gateway import Token
 
 CLUSTER_SECRET = "cluster-test-secret"
 
@@ -90,3 +93,49 @@ async def raw_node_client(
         client = RawNodeClient(websocket=websocket)
         await client.call("initialize", {"protocolVersion": 1})
         yield client
+
+
+@asynccontextmanager
+async def running_cluster(
+    config: DeploymentConfig, node_ids: tuple[str, ...], nursery: trio.Nursery
+) -> AsyncIterator[tuple[dict[str, trio.CancelScope], Any]]:
+    """In-process nodes (each cancellable by its scope) and a cluster gateway, all on port 0."""
+    scopes: dict[str, trio.CancelScope] = {}
+    for node_id in node_ids:
+        scopes[node_id] = await start_node(config, node_id, nursery)
+    gateway = await nursery.start(
+        lambda task_status: serve_cluster_gateway(
+            config,
+            host="127.0.0.1",
+            port=0,
+            tokens=[Token(secret=GATEWAY_SECRET, name="full-access")],
+            task_status=task_status,
+        )
+    )
+    await wait_nodes(gateway, len(node_ids))
+    yield scopes, gateway
+
+
+GATEWAY_SECRET = "test-secret"
+
+
+async def start_node(
+    config: DeploymentConfig, node_id: str, nursery: trio.Nursery
+) -> trio.CancelScope:
+    """Start one in-process node; cancelling the returned scope stops it cleanly."""
+    scope = trio.CancelScope()
+
+    async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await run_node(config, node_id=node_id, task_status=task_status)
+
+    await nursery.start(run)
+    return scope
+
+
+async def wait_nodes(gateway: Any, count: int) -> None:
+    """Wait until the cluster gateway's view holds `count` nodes."""
+    view = gateway.methods.router.view
+    with trio.fail_after(10):
+        while len(view.nodes) != count:
+            await view.wait_changed(view.version)
