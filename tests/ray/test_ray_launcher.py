@@ -29,7 +29,7 @@ if importlib.util.find_spec("ray") is None:  # found, not imported: Ray reads it
         allow_module_level=True,
     )
 
-from supervision.cluster.ray_launcher import RayLauncher
+from supervision.cluster.ray_launcher import RayLauncher, RayLauncherError
 from supervision.cluster.wire import parse, to_node
 from tests.postgres import PostgresServer, PostgresUnavailable
 from tests.ray_cluster import HEAD_IP, WORKER_IP, RayCluster, deployment, restarted
@@ -38,29 +38,38 @@ TAKEOVER_DEADLINE_SECONDS = 60.0
 SECRET = "cluster-secret-for-the-ray-test"
 
 
-@pytest.fixture
-def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[RayCluster]:
-    """The two-node loopback cluster, this process set up as its driver; stopped by PID."""
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayCluster]:
+    """The two-node loopback cluster, this process set up as its driver; stopped by PID.
+
+    One for the module: `ray`, once imported, keeps the auth token it saw.
+    """
     running = RayCluster.start()
     try:
-        for name, value in running.driver_environment().items():
-            monkeypatch.setenv(name, value)
-        yield running
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in running.driver_environment().items():
+                patch.setenv(name, value)
+            yield running
     finally:
         running.stop()
         assert running.pids() == []
 
 
-@pytest.fixture
-def dsn() -> Iterator[str]:
+@pytest.fixture(scope="module")
+def server() -> Iterator[PostgresServer]:
     try:
-        server = PostgresServer.start()
+        started = PostgresServer.start()
     except PostgresUnavailable as exc:
         pytest.skip(str(exc))
     try:
-        yield server.new_schema()
+        yield started
     finally:
-        server.stop()
+        started.stop()
+
+
+@pytest.fixture
+def dsn(server: PostgresServer) -> str:
+    return server.new_schema()
 
 
 async def prompt_on(endpoint: str, text: str, session_id: str | None = None) -> str:
@@ -145,3 +154,15 @@ def test_nodes_run_on_each_ray_node_survive_a_kill_and_stop_by_pid(
     finally:
         launcher.stop()
     assert [pid for pid in cluster.pids() if pid in {n.pid for n in nodes}] == []
+
+
+def test_a_node_that_cannot_start_is_reported_not_restarted(
+    cluster: RayCluster, dsn: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "deploy.toml"
+    config.write_text(deployment(dsn))
+    launcher = RayLauncher(config, address=cluster.address, node_ip_address=HEAD_IP)  # no secret
+    with pytest.raises(RayLauncherError, match=r"failed: ConfigError: .*HARNESS_CLUSTER_TOKEN"):
+        launcher.start()
+    with pytest.raises(RayLauncherError, match=r"not started"):
+        launcher.nodes()  # the failed start removed its actors again
