@@ -33,7 +33,7 @@ from supervision.gateway.auth import Denial, Principal, authenticate
 from supervision.gateway.connection import CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY
 from supervision.gateway.methods import MethodTable
 from supervision.gateway.sessions import SessionDirectory
-from supervision.gateway.transport import TransportClosed
+from supervision.gateway.transport import Framing, TransportClosed
 from supervision.supervisor import SupervisionError
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,14 @@ def _host_port(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _no_header(_length: int) -> bytes:
+    return b""
+
+
+MESSAGE_FRAMING = Framing(header=_no_header, trailer=b"")
+"""A virtual connection's frames are its bare messages: the node stream's envelope delimits them."""
+
+
 @attrs.define(eq=False)
 class _ClientTransport:
     """One virtual connection's transport: frames in from a channel, out over the node stream."""
@@ -97,11 +105,12 @@ class _ClientTransport:
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise TransportClosed(CLOSE_NORMAL, "the gateway ended this client") from None
 
-    async def send(self, text: str) -> None:
-        await self.stream.send(to_gateway(self.key, [text]))
+    @property
+    def framing(self) -> Framing:
+        return MESSAGE_FRAMING
 
-    async def send_batch(self, texts: list[str]) -> None:
-        await self.stream.send(to_gateway(self.key, texts))
+    async def send_batch(self, frames: list[bytes]) -> None:
+        await self.stream.send(to_gateway(self.key, [frame.decode() for frame in frames]))
 
     async def close(self, code: int, reason: str) -> None:
         self.stream.clients.pop(self.key, None)

@@ -211,6 +211,11 @@ def dumps(message: Any) -> str:
     return json.dumps(message, separators=(",", ":"), allow_nan=False)
 
 
+def encode(message: Any) -> bytes:
+    """`dumps(message)` as the bytes of a frame (ASCII, hence UTF-8)."""
+    return dumps(message).encode()
+
+
 def response(id: JsonId, result: Any) -> dict[str, Any]:
     """A success response."""
     return {"jsonrpc": "2.0", "id": id, "result": result}

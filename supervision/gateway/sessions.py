@@ -67,7 +67,8 @@ class SessionDirectory:
     _children: dict[str, Child[Agent]] = attrs.field(factory=dict, init=False)
     _restarts: dict[str, int] = attrs.field(factory=dict, init=False)
     _starting: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
-    _listeners: list[Callable[[str, str], None]] = attrs.field(factory=list, init=False)
+    _listeners: list[Callable[[str, str, str | None], None]] = attrs.field(factory=list, init=False)
+    _start_listeners: list[Callable[[str], None]] = attrs.field(factory=list, init=False)
 
     # -- lookup -------------------------------------------------------------
 
@@ -158,10 +159,32 @@ class SessionDirectory:
 
     # -- lifecycle --------------------------------------------------------------
 
-    def on_change(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
-        """Call `listener(session_id, change)` on "added" and "removed"; returns an unsubscribe."""
+    def on_change(self, listener: Callable[[str, str, str | None], None]) -> Callable[[], None]:
+        """Call `listener(session_id, change, status)` on each change; returns an unsubscribe.
+
+        `change` is "added", "status" or "removed"; `status` is the status a
+        "status" change reports (as the durable log has it), else None.
+        """
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
+
+    def on_start(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call `listener(session_id)` when the directory starts, attaches or adopts an agent.
+
+        Returns an unsubscribe.
+        """
+        self._start_listeners.append(listener)
+        return lambda: self._start_listeners.remove(listener)
+
+    def live_session_ids(self) -> list[str]:
+        """The ids of the sessions whose agents run now (the supervisor's and adopted ones)."""
+        ids = [
+            child.id[len(AGENT_CHILD_PREFIX) :]
+            for child in self.runtime.supervisor.children()
+            if child.id.startswith(AGENT_CHILD_PREFIX)
+        ]
+        ids.extend(sid for sid in self._adopted if sid not in ids)
+        return [sid for sid in ids if self.live_agent(sid) is not None]
 
     def profile(self, name: str) -> AgentProfile:
         """The profile `name`. Raises `KeyError` naming the known ones."""
@@ -201,6 +224,7 @@ class SessionDirectory:
         self._known[agent.session.id] = _Known(
             agent=profile, created_at=agent.session.clock(), parent=parent, owner=owner
         )
+        self._started(agent.session.id)
         self._notify(agent.session.id, "added")
         return agent
 
@@ -215,6 +239,7 @@ class SessionDirectory:
         self._known[session_id] = _Known(
             agent=agent, created_at=child.session.clock(), parent=parent
         )
+        self._started(session_id)
         self._notify(session_id, "added")
 
     async def attach(self, session_id: str) -> Agent:
@@ -256,6 +281,7 @@ class SessionDirectory:
             self._known.setdefault(
                 session_id, _Known(agent=name, created_at=child.value.session.clock())
             )
+            self._started(session_id)
             return child.value
         finally:
             del self._starting[session_id]
@@ -286,20 +312,27 @@ class SessionDirectory:
         own = 0 if child is None else child.incarnation
         return self._restarts.get(session_id, 0) + own
 
-    def _notify(self, session_id: str, change: str) -> None:
+    def _started(self, session_id: str) -> None:
+        for listener in list(self._start_listeners):
+            listener(session_id)
+
+    def _notify(self, session_id: str, change: str, status: str | None = None) -> None:
         for listener in list(self._listeners):
-            listener(session_id, change)
+            listener(session_id, change, status)
 
     # -- summaries ----------------------------------------------------------------
 
-    def announce_status(self, session_id: str) -> None:
-        """Tell the `_harness/sessions/watch` subscribers that the session's status changed."""
-        self._notify(session_id, "status")
+    def announce_status(self, session_id: str, status: str) -> None:
+        """Tell the `_harness/sessions/watch` subscribers that the session's status is `status`."""
+        self._notify(session_id, "status", status)
 
     def live_summary(self, session_id: str) -> dict[str, Any] | None:
-        """The `SessionSummary` of a running session from its durable events; None if not live."""
+        """The `SessionSummary` of a running session from its durable events.
+
+        None when it is not live, or hibernates (its events are in the store only).
+        """
         agent = self.live_agent(session_id)
-        if agent is None:
+        if agent is None or agent.session.hibernating:
             return None
         return summarise(
             session_id,
