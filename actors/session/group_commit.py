@@ -90,7 +90,7 @@ class WriterStatistics:
     events_written: int
     largest_batch: int
     commit_latency: LatencySummary
-    fenced_appends: int = 0
+    fenced_appends: int
 
 
 @attrs.define(eq=False)

@@ -16,7 +16,9 @@ call it through `trio.to_thread.run_sync`.
 
 Inside an actor, Trio runs in one thread of its own beside Ray's threads
 (Ray owns the actor's main thread); the node's lifetime is the actor
-process's: when `run_node` fails, the process exits, so Ray restarts it.
+process's: when a serving node ends or crashes, the process exits, so Ray
+restarts it. A node that cannot start at all (a missing secret, a database
+that cannot be reached) is reported by `start()` instead of restarted.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.boundary import one_exception
 from supervision.cluster.node import run_node
 from supervision.config import parse_config
 from supervision.supervisor import SupervisionError
@@ -132,8 +135,9 @@ class RayLauncher:
             ConfigError: the deployment file is missing or invalid (nothing started).
             RayLauncherError: the launcher already started, Ray is not
                 installed, the cluster cannot be reached or has no live
-                node, or a node actor failed or missed `ready_timeout`
-                (the actors already started are stopped again).
+                node, or a node failed to start (the message carries its
+                error) or missed `ready_timeout`; the actors already
+                started are stopped again.
         """
         if self._actors:
             raise RayLauncherError(f"{self._label}: already started; stop() it first")
@@ -180,8 +184,10 @@ class RayLauncher:
             try:
                 report = ray.get(call, timeout=self.ready_timeout + 5)
             except Exception as exc:  # Ray's own errors: actor died, timed out, failed
+                # A failure inside the actor arrives wrapped; `cause` is the actor's own error.
+                reason = getattr(exc, "cause", None) or exc
                 raise RayLauncherError(
-                    f"{self._label}: node {name!r} did not report: {exc}"
+                    f"{self._label}: node {name!r} did not report: {reason}"
                 ) from exc
             reports.append(RayNode(**report))
         return reports
@@ -318,14 +324,17 @@ class NodeActor:
 
     def _run(self) -> None:
         try:
-            trio.run(self._serve)
+            with one_exception():  # the node's own error, not the nursery's group
+                trio.run(self._serve)
         except Exception as exc:  # report how the node failed, then end the process
             self._failure = f"{type(exc).__name__}: {exc}"
         finally:
             self._ready.set()
-            if not self._stopping:
-                # The node ended on its own (or failed): end the process so
-                # that Ray restarts the actor with a fresh node.
+            if not self._stopping and self._endpoint is not None:
+                # A node that was serving ended on its own (or crashed): end
+                # the process, so that Ray restarts the actor with a fresh
+                # node. One that never started stays, failed, so `describe`
+                # reports why (restarting would fail the same way).
                 os._exit(1)
 
     async def _serve(self) -> None:

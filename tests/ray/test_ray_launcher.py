@@ -14,6 +14,8 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,38 +31,49 @@ if importlib.util.find_spec("ray") is None:  # found, not imported: Ray reads it
         allow_module_level=True,
     )
 
-from supervision.cluster.ray_launcher import RayLauncher
+from supervision.cluster.ray_launcher import RayLauncher, RayLauncherError
 from supervision.cluster.wire import parse, to_node
+from supervision.commands.gateway_client import open_gateway_client
 from tests.postgres import PostgresServer, PostgresUnavailable
 from tests.ray_cluster import HEAD_IP, WORKER_IP, RayCluster, deployment, restarted
 
 TAKEOVER_DEADLINE_SECONDS = 60.0
 SECRET = "cluster-secret-for-the-ray-test"
+GATEWAY_TOKEN = "supervisor-token-for-the-ray-test"
 
 
-@pytest.fixture
-def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[RayCluster]:
-    """The two-node loopback cluster, this process set up as its driver; stopped by PID."""
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayCluster]:
+    """The two-node loopback cluster, this process set up as its driver; stopped by PID.
+
+    One for the module: `ray`, once imported, keeps the auth token it saw.
+    """
     running = RayCluster.start()
     try:
-        for name, value in running.driver_environment().items():
-            monkeypatch.setenv(name, value)
-        yield running
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in running.driver_environment().items():
+                patch.setenv(name, value)
+            yield running
     finally:
         running.stop()
         assert running.pids() == []
 
 
-@pytest.fixture
-def dsn() -> Iterator[str]:
+@pytest.fixture(scope="module")
+def server() -> Iterator[PostgresServer]:
     try:
-        server = PostgresServer.start()
+        started = PostgresServer.start()
     except PostgresUnavailable as exc:
         pytest.skip(str(exc))
     try:
-        yield server.new_schema()
+        yield started
     finally:
-        server.stop()
+        started.stop()
+
+
+@pytest.fixture
+def dsn(server: PostgresServer) -> str:
+    return server.new_schema()
 
 
 async def prompt_on(endpoint: str, text: str, session_id: str | None = None) -> str:
@@ -145,3 +158,74 @@ def test_nodes_run_on_each_ray_node_survive_a_kill_and_stop_by_pid(
     finally:
         launcher.stop()
     assert [pid for pid in cluster.pids() if pid in {n.pid for n in nodes}] == []
+
+
+def test_a_node_that_cannot_start_is_reported_not_restarted(
+    cluster: RayCluster, dsn: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "deploy.toml"
+    config.write_text(deployment(dsn))
+    launcher = RayLauncher(config, address=cluster.address, node_ip_address=HEAD_IP)  # no secret
+    with pytest.raises(RayLauncherError, match=r"failed: ConfigError: .*HARNESS_CLUSTER_TOKEN"):
+        launcher.start()
+    with pytest.raises(RayLauncherError, match=r"not started"):
+        launcher.nodes()  # the failed start removed its actors again
+
+
+def lease_holders(dsn: str, session_ids: list[str]) -> set[int]:
+    """The PIDs of the processes holding these sessions' leases (`pid N on host ...`)."""
+    with psycopg.connect(dsn) as connection:
+        rows = connection.execute(
+            "SELECT owner FROM harness_leases WHERE session_id = ANY(%s)", (session_ids,)
+        ).fetchall()
+    return {int(str(owner).split()[1]) for (owner,) in rows}
+
+
+async def prompts_through(gateway: str, sessions: int) -> list[str]:
+    async with open_gateway_client(gateway, GATEWAY_TOKEN) as client:
+        ids: list[str] = []
+        for _ in range(sessions):
+            created = await client.call("session/new", {"cwd": "/", "mcpServers": []})
+            ids.append(str(created["sessionId"]))
+        for session_id in ids:
+            prompt = [{"type": "text", "text": "hello"}]
+            answer = await client.call(
+                "session/prompt", {"sessionId": session_id, "prompt": prompt}
+            )
+            assert answer["stopReason"] == "end_turn"
+    return ids
+
+
+def test_a_cluster_gateway_routes_sessions_to_the_ray_launched_nodes(
+    cluster: RayCluster, dsn: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "deploy.toml"
+    config.write_text(deployment(dsn))
+    launcher = RayLauncher(
+        config,
+        address=cluster.address,
+        node_ip_address=HEAD_IP,
+        env={"HARNESS_CLUSTER_TOKEN": SECRET},
+    )
+    try:
+        nodes = launcher.start()
+        harness = Path(sys.executable).with_name("harness")
+        with subprocess.Popen(
+            [str(harness), "serve", "--config", str(config), "--port", "0"],
+            env={**os.environ, "HARNESS_TOKEN": GATEWAY_TOKEN, "HARNESS_CLUSTER_TOKEN": SECRET},
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as gateway:
+            try:
+                assert gateway.stdout is not None
+                kind, url = gateway.stdout.readline().split()
+                assert kind == "gateway"
+                session_ids = trio.run(prompts_through, url, 16)
+            finally:
+                gateway.send_signal(signal.SIGTERM)
+                assert gateway.wait(30) == 0
+        # Placement spread the sessions over both nodes (all 16 on one: odds 1 in 32,768).
+        assert lease_holders(dsn, session_ids) == {node.pid for node in nodes}
+        assert all(completed_turns(dsn, session_id) == 1 for session_id in session_ids)
+    finally:
+        launcher.stop()
