@@ -125,6 +125,7 @@ async def test_a_node_answers_moved_for_a_session_another_node_holds(postgres_ds
         assert reply["error"]["code"] == MOVED
         assert reply["error"]["data"]["reason"] == "moved"
         assert reply["error"]["data"]["retryAfterMs"] > 0
+        assert reply["error"]["data"]["holderNode"] == holder
         assert "held by another node" in reply["error"]["message"]
         nursery.cancel_scope.cancel()
 
