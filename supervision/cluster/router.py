@@ -34,7 +34,7 @@ import trio
 
 from supervision.cluster.membership import MembershipView, NodeInfo
 from supervision.cluster.placement import ranked
-from supervision.cluster.router_link import NodeDown, NodeLink
+from supervision.cluster.router_link import ClientEnded, NodeDown, NodeLink
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
 from supervision.gateway.connection import CLOSE_INTERNAL, Connection
 from supervision.gateway.protocol import INTERNAL_ERROR, OVERLOADED, RpcError
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 RETRY_DEADLINE_SECONDS = 60.0
 """How long a call is retried (node deaths, `MOVED`) before it fails -33003."""
+
+CLIENT_ENDED_RETRY_SECONDS = 0.1
+"""The pause before asking a node again that closed the caller's virtual connection."""
 
 UNROUTED_LIMIT = 10_000
 """Log notifications held for a subscription whose reply has not been handled yet."""
@@ -133,6 +136,12 @@ class Router:
                     continue
                 try:
                     reply = await self.link(node).call(client.key, client.notify, method, params)
+                except ClientEnded as exc:
+                    # The node is up; it ended this client (e.g. a session broke there).
+                    last = str(exc)
+                    self.retries += 1
+                    await trio.sleep(CLIENT_ENDED_RETRY_SECONDS)
+                    continue
                 except NodeDown as exc:
                     last = str(exc)
                     excluded.add(node.node_id)

@@ -42,6 +42,10 @@ class NodeDown(Exception):
     """The node stream is gone (or could not be opened): retry the call on another node."""
 
 
+class ClientEnded(NodeDown):
+    """The node closed this client's virtual connection (the stream is up): retry there."""
+
+
 Notify = Callable[[str, Mapping[str, Any]], None]
 """`notify(node_id, message)`: a notification (or the node ending the client) for one client."""
 
@@ -52,6 +56,7 @@ class _Waiter:
     done: trio.Event = attrs.field(factory=trio.Event)
     reply: Mapping[str, Any] | None = None
     down: str | None = None
+    client_ended: bool = False
 
 
 @attrs.define(eq=False)
@@ -177,6 +182,7 @@ class NodeLink:
                 if waiter.key == envelope.key:
                     del self._waiters[waiting_id]
                     waiter.down = f"node {self.node_id!r} closed the client: {envelope.reason}"
+                    waiter.client_ended = True
                     waiter.done.set()
             if notify is not None:
                 notify(self.node_id, {"_clientEnded": envelope.end, "reason": envelope.reason})
@@ -227,6 +233,8 @@ class NodeLink:
         finally:
             self._waiters.pop(rpc_id, None)
         if waiter.reply is None:
+            if waiter.client_ended:
+                raise ClientEnded(waiter.down or f"node {self.node_id!r} closed the client")
             raise NodeDown(waiter.down or f"node {self.node_id!r} went away")
         return waiter.reply
 
