@@ -4,11 +4,12 @@
 which are live; a node that leaves the view has its link closed at once,
 so its callers retry) and places each session by rendezvous over the live
 nodes. `forward` sends one call to the session's owner and retries it on
-the next-ranked node when the owner's link drops; when it answers `MOVED`
-(its lease is held elsewhere), on the live node holding the lease at once
-(`holderNode`), or else on the owner after `retryAfterMs` (the holder is
-dead and its lease must run out first), until `retry_deadline`. The lease
-decides who writes; placement only decides where to ask first. A retried
+the next-ranked node when the owner's link drops, or on the owner after
+`retryAfterMs` when it answers `MOVED` (its lease is still held elsewhere:
+by a dead node until the lease runs out, or by a live one until it
+releases the session at a turn boundary), until `retry_deadline`. The
+calls are not sent to the holder instead, so that it goes idle and
+releases the session to its owner. A retried
 `session/prompt` carries the same request id, so the node that takes the
 session over answers a prompt that was already logged from the log.
 
@@ -93,12 +94,6 @@ class Router:
                     link.close(f"node {node_id!r} left the membership view")
                     del self.links[node_id]
 
-    def _live(self, node_id: str | None, excluded: Collection[str]) -> NodeInfo | None:
-        """The live node `node_id` unless excluded, else None."""
-        if node_id is None or node_id in excluded:
-            return None
-        return next((n for n in self.view.nodes if n.node_id == node_id), None)
-
     def owner_of(self, session_id: str, excluded: Collection[str] = ()) -> NodeInfo | None:
         """The live node that should host `session_id` (skipping `excluded`), or None."""
         nodes = {n.node_id: n for n in self.view.nodes if n.node_id not in excluded}
@@ -120,15 +115,12 @@ class Router:
         excluded: set[str] = set()
         version = self.view.version
         last = "no live node"
-        holder: str | None = None
-        redirected = False
         with trio.move_on_after(self.retry_deadline):
             while True:
                 if self.view.version != version:
                     excluded.clear()
                     version = self.view.version
-                node = self._live(holder, excluded) or self.owner_of(session_id, excluded)
-                holder = None
+                node = self.owner_of(session_id, excluded)
                 if node is None:
                     with trio.move_on_after(1):
                         await self.view.wait_changed(version)
@@ -153,17 +145,6 @@ class Router:
                     data = error.get("data")
                     data = data if isinstance(data, Mapping) else {}
                     self.retries += 1
-                    named = data.get("holderNode")
-                    if (
-                        not redirected
-                        and isinstance(named, str)
-                        and named != node.node_id
-                        and self._live(named, excluded)
-                    ):
-                        # A live node holds the session's lease: ask it, now.
-                        holder, redirected = named, True
-                        continue
-                    redirected = False
                     wait = data.get("retryAfterMs")
                     await trio.sleep((wait if isinstance(wait, int) else MOVED_RETRY_MS) / 1000)
                     continue
