@@ -409,9 +409,15 @@ class GroupCommitter:
                 self._send.send_nowait(None)
 
     def lease_released(self, lease: Lease) -> None:
-        """Stop holding and renewing `lease` (a no-op when it is not the held one)."""
+        """Stop holding and renewing `lease` (a no-op when it is not the held one).
+
+        A session this store learnt it lost (fenced) stops counting as broken:
+        its refused writes were reported to its writer, which gives it up now.
+        """
         if self._held.get(lease.session_id) == lease:
             del self._held[lease.session_id]
+        if isinstance(self._broken.get(lease.session_id), SessionFencedError):
+            del self._broken[lease.session_id]
 
     def statistics(self) -> WriterStatistics:
         """The writer's queue, lease and commit counters, now."""

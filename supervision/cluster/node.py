@@ -4,7 +4,9 @@
 `[store] url`, listens for gateways' node streams (websockets, one per
 gateway, authenticated with the cluster secret), registers in the
 `harness_nodes` table (heartbeat every second, dead five seconds after the
-last) and hosts every session a gateway touches here, until cancelled.
+last) and hosts every session a gateway touches here, until cancelled; when
+a node joins, the sessions it now owns are released here at their next turn
+boundary (`supervision.cluster.node_rebalance`).
 Each client connection a gateway forwards becomes a virtual connection of
 an ordinary gateway `Connection` (see `supervision.cluster.wire`), so the
 node answers the same methods as `harness serve`, with the node's
@@ -23,8 +25,9 @@ import attrs
 import trio
 import trio_websocket
 
-from supervision.cluster.membership import Membership
+from supervision.cluster.membership import Membership, MembershipView
 from supervision.cluster.node_methods import NODE_METHODS
+from supervision.cluster.node_rebalance import Rebalancer
 from supervision.cluster.wire import EnvelopeError, end_to_gateway, parse, to_gateway
 from supervision.config import ConfigError, DeploymentConfig
 from supervision.deployment import Deployment, open_deployment
@@ -214,7 +217,9 @@ def node_gateway(
     runtime = deployment.runtime
     return Gateway(
         runtime=runtime,
-        directory=SessionDirectory(runtime=runtime, profiles=dict(profiles)),
+        directory=SessionDirectory(
+            runtime=runtime, profiles=dict(profiles), agent_restart="temporary"
+        ),
         tokens=(token,),
         origins=(),
         host=host,
@@ -249,51 +254,83 @@ async def run_node(
     from supervision.commands.serve import profiles_of
 
     secret = cluster_secret(config)
-    assert config.store.url is not None
+    url = config.store.url
+    assert url is not None
     host, port = _host_port(listen)
     node_id = node_id or default_node_id()
     token = Token(secret=secret, name="cluster")
-    async with open_deployment(config) as deployment:
-        gateway: Gateway | None = None
+    stopping = trio.Event()
 
-        async def handle(request: trio_websocket.WebSocketRequest) -> None:
-            verdict = authenticate(request.headers, request.proposed_subprotocols, (token,), ())
-            if isinstance(verdict, Denial):
-                await request.reject(verdict.status, body=(verdict.reason + "\n").encode())
-                return
-            websocket = await request.accept()
-            assert gateway is not None
-            try:
-                await NodeStream(gateway=gateway, websocket=websocket, principal_token=token).run()
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    await websocket.aclose(CLOSE_GOING_AWAY, "node stream ended")
+    async def host_sessions(task_status: trio.TaskStatus[str]) -> None:
+        with trio.CancelScope() as shield:
+            async with open_deployment(config) as deployment:
+                gateway: Gateway | None = None
 
-        async with trio.open_nursery() as nursery:
-            try:
-                server: trio_websocket.WebSocketServer = await nursery.start(
-                    lambda task_status: trio_websocket.serve_websocket(
-                        handle,
-                        host,
-                        port,
-                        None,
-                        handler_nursery=nursery,
-                        max_message_size=MAX_NODE_FRAME,
-                        task_status=task_status,
+                async def handle(request: trio_websocket.WebSocketRequest) -> None:
+                    verdict = authenticate(
+                        request.headers, request.proposed_subprotocols, (token,), ()
                     )
-                )
-            except OSError as exc:
-                raise NodeError(f"node {node_id!r} cannot listen on {listen}: {exc}") from exc
-            endpoint = f"ws://{host}:{server.port}"
-            gateway = node_gateway(
-                deployment,
-                profiles_of(deployment),
-                token,
-                node_id=node_id,
-                host=host,
-                port=server.port,
-            )
-            await nursery.start(Membership(config.store.url).serve_node, node_id, endpoint)
-            log.info("node %s listening on %s", node_id, endpoint)
-            task_status.started(endpoint)
+                    if isinstance(verdict, Denial):
+                        await request.reject(verdict.status, body=(verdict.reason + "\n").encode())
+                        return
+                    websocket = await request.accept()
+                    assert gateway is not None
+                    try:
+                        await NodeStream(
+                            gateway=gateway, websocket=websocket, principal_token=token
+                        ).run()
+                    except TransportClosed:
+                        pass  # the gateway went away while a reply was being sent
+                    except Exception:
+                        # One stream's failure never takes the node down.
+                        log.exception("node stream from a gateway failed")
+                    finally:
+                        with trio.CancelScope(shield=True), trio.move_on_after(1):
+                            await websocket.aclose(CLOSE_GOING_AWAY, "node stream ended")
+
+                async with trio.open_nursery() as nursery:
+                    try:
+                        server: trio_websocket.WebSocketServer = await nursery.start(
+                            lambda task_status: trio_websocket.serve_websocket(
+                                handle,
+                                host,
+                                port,
+                                None,
+                                handler_nursery=nursery,
+                                max_message_size=MAX_NODE_FRAME,
+                                task_status=task_status,
+                            )
+                        )
+                    except OSError as exc:
+                        raise NodeError(
+                            f"node {node_id!r} cannot listen on {listen}: {exc}"
+                        ) from exc
+                    endpoint = f"ws://{host}:{server.port}"
+                    gateway = node_gateway(
+                        deployment,
+                        profiles_of(deployment),
+                        token,
+                        node_id=node_id,
+                        host=host,
+                        port=server.port,
+                    )
+                    await nursery.start(gateway.fanout.run)
+                    membership = Membership(url)
+                    await nursery.start(membership.serve_node, node_id, endpoint)
+                    view: MembershipView = await nursery.start(membership.serve_view)
+                    nursery.start_soon(Rebalancer(gateway=gateway, view=view, node_id=node_id).run)
+                    log.info("node %s listening on %s", node_id, endpoint)
+                    # From here on the node stops only through `stopping`, so that its
+                    # shutdown runs in order: leave, close the streams, end the turns, flush.
+                    shield.shield = True
+                    task_status.started(endpoint)
+                    await stopping.wait()
+                    nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as outer:
+        endpoint: str = await outer.start(host_sessions)
+        task_status.started(endpoint)
+        try:
             await trio.sleep_forever()
+        finally:
+            stopping.set()

@@ -40,7 +40,7 @@ from supervision.gateway.protocol import (
     RpcError,
     invalid_params,
 )
-from supervision.supervisor import SupervisionError
+from supervision.supervisor import ChildStoppedError, SupervisionError
 
 
 def moved(session_id: str, cause: BaseException) -> RpcError:
@@ -53,13 +53,21 @@ def moved(session_id: str, cause: BaseException) -> RpcError:
 
 
 def _busy_cause(exc: BaseException) -> SessionBusyError | None:
+    """The `SessionBusyError` behind `exc` (through causes, contexts and groups), if any."""
     seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
+    stack: list[BaseException] = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
         if isinstance(current, SessionBusyError):
             return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend(current.exceptions)
+        for linked in (current.__cause__, current.__context__):
+            if linked is not None:
+                stack.append(linked)
     return None
 
 
@@ -74,21 +82,29 @@ async def host(call: Call, session_id: str) -> None:
             when the agent fails to start for another reason.
     """
     directory = call.gateway.directory
-    if directory.live_agent(session_id) is not None:
-        return
-    try:
-        await directory.attach(session_id)
-    except UnknownSessionError:
-        return
-    except SessionBusyError as exc:
-        raise moved(session_id, exc) from exc
-    except SupervisionError as exc:
-        busy = _busy_cause(exc)
-        if busy is not None:
-            raise moved(session_id, busy) from exc
-        raise RpcError(
-            INTERNAL_ERROR, f"session {session_id!r} could not start on this node: {exc}"
-        ) from exc
+    for attempt in range(3):
+        if directory.live_agent(session_id) is not None:
+            return
+        try:
+            await directory.attach(session_id)
+            return
+        except UnknownSessionError:
+            return
+        except SessionBusyError as exc:
+            raise moved(session_id, exc) from exc
+        except ChildStoppedError as exc:
+            # A concurrent start of the same session failed; start it again to learn why.
+            if attempt == 2:
+                raise RpcError(
+                    INTERNAL_ERROR, f"session {session_id!r} keeps stopping as it starts: {exc}"
+                ) from exc
+        except SupervisionError as exc:
+            busy = _busy_cause(exc)
+            if busy is not None:
+                raise moved(session_id, busy) from exc
+            raise RpcError(
+                INTERNAL_ERROR, f"session {session_id!r} could not start on this node: {exc}"
+            ) from exc
 
 
 def _hosting(method: Method) -> Method:

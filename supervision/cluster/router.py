@@ -20,10 +20,11 @@ supervisor sees has no gap and no duplicate.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import attrs
@@ -58,6 +59,8 @@ class Router:
     links: dict[str, NodeLink] = attrs.field(factory=dict)
     clients: dict[Connection, RouterClient] = attrs.field(factory=dict)
     """The router side of each live client connection."""
+    subscribed: dict[str, set[RoutedSubscription]] = attrs.field(factory=dict)
+    """Session id → the log subscriptions on it, of every client."""
     gateway_id: str = attrs.field(factory=lambda: secrets.token_hex(4))
     retries: int = 0
     """Calls sent again after a node died or answered `MOVED`."""
@@ -85,7 +88,7 @@ class Router:
                     link.close(f"node {node_id!r} left the membership view")
                     del self.links[node_id]
 
-    def owner_of(self, session_id: str, excluded: set[str] = frozenset()) -> NodeInfo | None:  # type: ignore[assignment]
+    def owner_of(self, session_id: str, excluded: Collection[str] = ()) -> NodeInfo | None:
         """The live node that should host `session_id` (skipping `excluded`), or None."""
         nodes = {n.node_id: n for n in self.view.nodes if n.node_id not in excluded}
         order = ranked(session_id, nodes)
@@ -132,6 +135,8 @@ class Router:
                     self.retries += 1
                     await trio.sleep((wait if isinstance(wait, int) else MOVED_RETRY_MS) / 1000)
                     continue
+                if session_id:
+                    self._answered(session_id, node.node_id)
                 return node.node_id, reply
         raise RpcError(
             OVERLOADED,
@@ -139,6 +144,13 @@ class Router:
             f"{self.retry_deadline} s (last: {last})",
             {"reason": "overloaded", "retryAfterMs": 1000},
         )
+
+    def _answered(self, session_id: str, node_id: str) -> None:
+        """`node_id` answered a call for `session_id`: it hosts it now, so its log
+        subscriptions served elsewhere move there (a release the gateway missed)."""
+        for subscription in list(self.subscribed.get(session_id, ())):
+            if subscription.node_id != node_id and not subscription.resuming:
+                subscription.client.resume(subscription)
 
     async def each_node(
         self, client: RouterClient, method: str, params: Mapping[str, Any]
@@ -190,6 +202,7 @@ class RoutedSubscription:
     """One log subscription as the supervisor sees it, and where it is served now."""
 
     id: str
+    client: RouterClient
     session_id: str
     types: list[str] | None
     last_seq: int
@@ -212,6 +225,8 @@ class RouterClient:
     _served: dict[tuple[str, str], RoutedSubscription] = attrs.field(factory=dict)
     _unrouted: dict[tuple[str, str], list[Mapping[str, Any]]] = attrs.field(factory=dict)
     _unrouted_count: int = 0
+    subscribing: int = 0
+    """Subscribe calls of this client in flight (their first events may beat their reply)."""
     _resumers: set[trio.CancelScope] = attrs.field(factory=set)
     _ended: bool = False
     _ids: itertools.count[int] = attrs.field(factory=itertools.count)
@@ -227,14 +242,24 @@ class RouterClient:
         subscription.node_id, subscription.node_subscription = node_id, node_sub
         self._served[(node_id, node_sub)] = subscription
         self.subscriptions[subscription.id] = subscription
+        self.router.subscribed.setdefault(subscription.session_id, set()).add(subscription)
         for message in self._unrouted.pop((node_id, node_sub), []):
             self._count_unrouted(-1)
             self._log_notification(subscription, message)
+        if not self.subscribing:
+            # What is left belongs to subscriptions that ended (or moved) meanwhile.
+            self._unrouted.clear()
+            self._unrouted_count = 0
 
     def drop(self, subscription: RoutedSubscription) -> None:
-        """Forget `subscription` (unsubscribed)."""
+        """Forget `subscription` (unsubscribed, or its connection ended)."""
         self.subscriptions.pop(subscription.id, None)
         self._served.pop((subscription.node_id, subscription.node_subscription), None)
+        on_session = self.router.subscribed.get(subscription.session_id)
+        if on_session is not None:
+            on_session.discard(subscription)
+            if not on_session:
+                del self.router.subscribed[subscription.session_id]
 
     def _count_unrouted(self, delta: int) -> None:
         self._unrouted_count += delta
@@ -280,23 +305,36 @@ class RouterClient:
             self._resumers.discard(scope)
 
     async def _resubscribe(self, subscription: RoutedSubscription) -> None:
+        old = self.router.links.get(subscription.node_id)
+        if old is not None and old.down is None and subscription.node_subscription:
+            # The old node may still run it (it answered for the session before losing it).
+            with contextlib.suppress(NodeDown):
+                await old.call(
+                    self.key,
+                    self.notify,
+                    "_harness/log/unsubscribe",
+                    {"subscription": subscription.node_subscription},
+                )
         params: dict[str, Any] = {
             "sessionId": subscription.session_id,
             "fromSeq": subscription.last_seq + 1,
         }
         if subscription.types is not None:
             params["types"] = subscription.types
+        self.subscribing += 1
         try:
             node_id, reply = await self.router.forward(
                 self, subscription.session_id, "_harness/log/subscribe", params
             )
             result = rpc_result(reply)
         except RpcError as exc:
+            self.subscribing -= 1
             self.connection.close(
                 CLOSE_INTERNAL,
                 f"subscription {subscription.id} could not be resumed: {exc.message}",
             )
             return
+        self.subscribing -= 1
         subscription.resuming = False
         self.serve(subscription, node_id, str(result["subscription"]))
 
@@ -317,8 +355,9 @@ class RouterClient:
             key = (node_id, str(params.get("subscription")))
             served = self._served.get(key)
             if served is None:
-                self._unrouted.setdefault(key, []).append(message)
-                self._count_unrouted(1)
+                if self.subscribing:  # else: a subscription that ended; its late events go
+                    self._unrouted.setdefault(key, []).append(message)
+                    self._count_unrouted(1)
             else:
                 self._log_notification(served, message)
         elif method == "_harness/log/moved":
@@ -343,6 +382,8 @@ class RouterClient:
         self._ended = True
         for scope in list(self._resumers):
             scope.cancel()
+        for subscription in list(self.subscriptions.values()):
+            self.drop(subscription)
         self.router.clients.pop(self.connection, None)
         for link in list(self.router.links.values()):
             if self.key in link.clients:

@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import json
 import logging
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -47,6 +48,7 @@ Notify = Callable[[str, Mapping[str, Any]], None]
 
 @attrs.define(eq=False)
 class _Waiter:
+    key: str
     done: trio.Event = attrs.field(factory=trio.Event)
     reply: Mapping[str, Any] | None = None
     down: str | None = None
@@ -82,18 +84,44 @@ class NodeLink:
         reason = "node stream closed"
         try:
             with self._cancel:
-                async with trio_websocket.open_websocket_url(
-                    self.node.endpoint,
-                    extra_headers=[(b"Authorization", f"Bearer {self.secret}".encode())],
-                    max_message_size=MAX_LINK_FRAME,
-                    connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                    disconnect_timeout=1,
-                ) as websocket:
-                    reason = await self._serve(websocket)
-        except (OSError, trio_websocket.HandshakeError, trio_websocket.ConnectionClosed) as exc:
+                reason = await self._connect_and_serve()
+        except (
+            OSError,
+            trio.TooSlowError,
+            trio_websocket.HandshakeError,
+            trio_websocket.ConnectionClosed,
+        ) as exc:
             reason = f"cannot keep a node stream to {self.node.endpoint}: {exc!r}"
         finally:
             self._fail(reason)
+
+    async def _connect_and_serve(self) -> str:
+        """Open the TCP stream (ours, so it is always closed), upgrade it, serve it."""
+        url = urllib.parse.urlsplit(self.node.endpoint)
+        host, port = url.hostname or "", url.port or 80
+        with trio.fail_after(CONNECT_TIMEOUT_SECONDS):
+            stream = await trio.open_tcp_stream(host, port)
+        try:
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(CONNECT_TIMEOUT_SECONDS):
+                    websocket = await trio_websocket.wrap_client_stream(
+                        nursery,
+                        stream,
+                        host,
+                        url.path or "/",
+                        extra_headers=[(b"Authorization", f"Bearer {self.secret}".encode())],
+                        max_message_size=MAX_LINK_FRAME,
+                    )
+                reason = await self._serve(websocket)
+                nursery.cancel_scope.cancel()
+            return reason
+        except trio.TooSlowError:
+            return (
+                f"node {self.node_id!r} did not accept a node stream "
+                f"within {CONNECT_TIMEOUT_SECONDS} s"
+            )
+        finally:
+            await trio.aclose_forcefully(stream)
 
     async def _serve(self, websocket: trio_websocket.WebSocketConnection) -> str:
         send, receive = trio.open_memory_channel[str](SEND_QUEUE)
@@ -144,17 +172,23 @@ class NodeLink:
         notify = self.clients.get(envelope.key)
         if envelope.end is not None:
             self._opened.discard(envelope.key)
+            # The node closed this client (e.g. its session broke there): its calls retry.
+            for waiting_id, waiter in list(self._waiters.items()):
+                if waiter.key == envelope.key:
+                    del self._waiters[waiting_id]
+                    waiter.down = f"node {self.node_id!r} closed the client: {envelope.reason}"
+                    waiter.done.set()
             if notify is not None:
                 notify(self.node_id, {"_clientEnded": envelope.end, "reason": envelope.reason})
             return
         for text in envelope.texts:
             message = json.loads(text)
             for one in message if isinstance(message, list) else [message]:
-                rpc_id = one.get("id") if "method" not in one else None
-                waiter = self._waiters.pop(rpc_id, None) if isinstance(rpc_id, int) else None
-                if waiter is not None:
-                    waiter.reply = one
-                    waiter.done.set()
+                answered = one.get("id") if "method" not in one else None
+                found = self._waiters.pop(answered, None) if isinstance(answered, int) else None
+                if found is not None:
+                    found.reply = one
+                    found.done.set()
                 elif "method" in one and notify is not None:
                     notify(self.node_id, one)
 
@@ -182,7 +216,7 @@ class NodeLink:
 
     async def _request(self, key: str, method: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
         rpc_id = next(self._ids)
-        waiter = self._waiters[rpc_id] = _Waiter()
+        waiter = self._waiters[rpc_id] = _Waiter(key=key)
         try:
             await self._put(
                 wire.to_node(

@@ -136,11 +136,18 @@ async def log_subscribe(f: Forwarded, call: Call) -> Any:
     """Subscribe on the session's owner; the subscription then survives that node's death."""
     session_id = _session(f, call)
     client = _client(f, call)
-    node_id, reply = await f.router.forward(client, session_id, "_harness/log/subscribe", f.raw)
-    result = dict(rpc_result(reply))
+    client.subscribing += 1
+    try:
+        node_id, reply = await f.router.forward(client, session_id, "_harness/log/subscribe", f.raw)
+        result = dict(rpc_result(reply))
+    except BaseException:
+        client.subscribing -= 1
+        raise
+    client.subscribing -= 1
     from_seq = f.typed.from_seq
     subscription = RoutedSubscription(
         id=client.new_subscription_id(),
+        client=client,
         session_id=session_id,
         types=f.typed.types,
         last_seq=(from_seq - 1) if from_seq is not None else int(result["headSeq"]),

@@ -41,9 +41,14 @@ async def serve_cluster_gateway(
     tokens: Iterable[Token],
     static_dir: Path | None = None,
     retry_deadline: float | None = None,
+    view: MembershipView | None = None,
     task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the cluster gateway until cancelled; `task_status.started(gateway)` once it listens.
+
+    `view` replaces the membership view read from the database (a fixed
+    view: for tests of gateways that disagree); `retry_deadline` bounds
+    each call's retries (default `RETRY_DEADLINE_SECONDS`).
 
     Cancellation closes every client connection with 1001, then the node links.
 
@@ -68,7 +73,8 @@ async def serve_cluster_gateway(
         ) as runtime,
         trio.open_nursery() as nursery,
     ):
-        view: MembershipView = await nursery.start(Membership(config.store.url).serve_view)
+        if view is None:
+            view = await nursery.start(Membership(config.store.url).serve_view)
         router = Router(view=view, secret=secret, nursery=nursery)
         if retry_deadline is not None:
             router.retry_deadline = retry_deadline
@@ -85,6 +91,7 @@ async def serve_cluster_gateway(
             static_dir=static_dir,
             methods=ClusterMethodTable(router=router),
         )
+        await nursery.start(gateway.fanout.run)
         front = HttpFront(
             websocket=gateway.handle_websocket, ws_url=gateway.url, static_dir=static_dir
         )

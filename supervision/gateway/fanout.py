@@ -1,12 +1,14 @@
 """The session fan-out: one feed task per watched session hands its durable events out.
 
 A feed waits until the session's next seq is durable (the store's commit
-wakes it; the agent never waits for it), reads every durable event from
-there once, encodes each event's JSON once, and hands the batch to each
-subscriber synchronously: a live log subscription turns it into frames
-that share the encoded bytes, a status watcher looks for turn starts and
-ends. So a committed event costs one wakeup per session, whatever the
-number of subscribers, and one encoding.
+wakes it; the agent never waits for it), lets the session commit for
+another `linger` (2 ms, so a streamed step goes out in a few batches, not
+one per chunk), reads every durable event from there once, encodes each
+event's JSON once, and hands the batch to each subscriber synchronously:
+a live log subscription turns it into frames that share the encoded
+bytes, a status watcher looks for turn starts and ends. So committed
+events cost one wakeup per session, whatever the number of subscribers,
+and one encoding each.
 
 A feed delivers every durable event from its `next_seq` on, in order, with
 no gap and no duplicate, so a subscriber attaches only at or after it
@@ -32,6 +34,12 @@ log = logging.getLogger(__name__)
 
 FEED_BATCH = 1024
 """Most events a feed reads and hands out per wakeup."""
+
+FEED_LINGER_SECONDS = 0.002
+"""How long a woken feed waits for the session's next commits before it reads and hands out."""
+
+WaitDurable = Callable[[str, int], Awaitable[None]]
+"""`wait(session_id, seq)`: returns once `seq` is durable (the store's `wait_durable`)."""
 
 ReadDurable = Callable[[str, int, int], Awaitable[tuple[Sequence[Event], int]]]
 """`read(session_id, from_seq, limit)`: waits until `from_seq` is durable; events and head."""
@@ -69,7 +77,9 @@ class _Feed:
 class Fanout:
     """The gateway's session feeds (see the module docstring). Serve them with `run`."""
 
+    wait: WaitDurable
     read: ReadDurable
+    linger: float = FEED_LINGER_SECONDS
     _feeds: dict[str, _Feed] = attrs.field(factory=dict, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
 
@@ -139,6 +149,11 @@ class Fanout:
         with feed.scope:
             try:
                 while feed.subscribers:
+                    if self.linger:
+                        # The first durable event wakes the feed; what the session commits
+                        # in the next moment (the rest of a streamed step) goes out with it.
+                        await self.wait(feed.session_id, feed.next_seq)
+                        await trio.sleep(self.linger)
                     events, head = await self.read(feed.session_id, feed.next_seq, FEED_BATCH)
                     feed.next_seq = events[-1].seq + 1
                     subscribers = feed.subscribers

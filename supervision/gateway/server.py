@@ -100,7 +100,7 @@ class Gateway:
     _slow_consumer_closed: trio.Event = attrs.field(factory=trio.Event)
 
     def __attrs_post_init__(self) -> None:
-        self.fanout = Fanout(read=self.read_durable)
+        self.fanout = Fanout(wait=self.runtime.store.wait_durable, read=self.read_durable)
         self.status_watch = StatusWatch(directory=self.directory, fanout=self.fanout)
 
     @asynccontextmanager

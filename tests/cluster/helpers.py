@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,7 @@ import trio
 import trio_websocket
 
 from supervision.cluster import wire
+from supervision.cluster.membership import MembershipView
 from supervision.cluster.node import run_node
 from supervision.cluster.router_serve import serve_cluster_gateway
 from supervision.config import DeploymentConfig, parse_config
@@ -41,14 +46,69 @@ def cluster_config(dsn: str, *, token_rate: float = 0.0, reply_tokens: int = 8) 
     )
 
 
-def write_config(path: Path, dsn: str, *, token_rate: float = 0.0) -> Path:
+def write_config(path: Path, dsn: str, *, token_rate: float = 0.0, reply_tokens: int = 8) -> Path:
     """The same deployment as a TOML file (for subprocesses)."""
     path.write_text(
         f'[store]\nurl = "{dsn}"\n\n[cluster]\nnodes = "postgres"\n\n'
-        f'[providers.default]\nkind = "simulator"\ntoken_rate = {token_rate}\nreply_tokens = 8\n\n'
-        '[agents.default]\nprovider = "default"\n'
+        f'[providers.default]\nkind = "simulator"\ntoken_rate = {token_rate}\n'
+        f"reply_tokens = {reply_tokens}\n\n"
+        '[agents.default]\nprovider = "default"\nmax_steps = 4\n'
     )
     return path
+
+
+@attrs.define(eq=False)
+class NodeProcess:
+    """A `harness node` subprocess and the endpoint it printed."""
+
+    node_id: str
+    process: subprocess.Popen[bytes]
+    endpoint: str
+
+
+@contextmanager
+def node_processes(
+    config_path: Path, node_ids: tuple[str, ...]
+) -> Iterator[dict[str, NodeProcess]]:
+    """`harness node` subprocesses, each ready (its line printed); killed by PID on the way out."""
+    started: dict[str, NodeProcess] = {}
+    try:
+        for node_id in node_ids:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "supervision.cli",
+                    "node",
+                    "--config",
+                    str(config_path),
+                    "--node-id",
+                    node_id,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env={**os.environ, "HARNESS_CLUSTER_TOKEN": CLUSTER_SECRET},
+                cwd=config_path.parent,
+            )
+            assert process.stdout is not None
+            line = process.stdout.readline().decode().strip()
+            assert line.startswith(f"harness node {node_id} listening on ws://"), line
+            started[node_id] = NodeProcess(
+                node_id=node_id, process=process, endpoint=line.rpartition(" ")[2]
+            )
+        yield started
+    finally:
+        for node in started.values():
+            if node.process.poll() is None:
+                node.process.send_signal(signal.SIGTERM)
+        for node in started.values():
+            try:
+                node.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                node.process.kill()
+                node.process.wait()
+            assert node.process.stdout is not None
+            node.process.stdout.close()
 
 
 @attrs.define(eq=False)
@@ -95,6 +155,27 @@ async def raw_node_client(
         yield client
 
 
+async def start_gateway(
+    config: DeploymentConfig,
+    nursery: trio.Nursery,
+    *,
+    view: MembershipView | None = None,
+    retry_deadline: float | None = None,
+) -> Any:
+    """A cluster gateway on 127.0.0.1 port 0 (token `GATEWAY_SECRET`)."""
+    return await nursery.start(
+        lambda task_status: serve_cluster_gateway(
+            config,
+            host="127.0.0.1",
+            port=0,
+            tokens=[Token(secret=GATEWAY_SECRET, name="full-access")],
+            view=view,
+            retry_deadline=retry_deadline,
+            task_status=task_status,
+        )
+    )
+
+
 @asynccontextmanager
 async def running_cluster(
     config: DeploymentConfig, node_ids: tuple[str, ...], nursery: trio.Nursery
@@ -103,15 +184,7 @@ async def running_cluster(
     scopes: dict[str, trio.CancelScope] = {}
     for node_id in node_ids:
         scopes[node_id] = await start_node(config, node_id, nursery)
-    gateway = await nursery.start(
-        lambda task_status: serve_cluster_gateway(
-            config,
-            host="127.0.0.1",
-            port=0,
-            tokens=[Token(secret=GATEWAY_SECRET, name="full-access")],
-            task_status=task_status,
-        )
-    )
+    gateway = await start_gateway(config, nursery)
     await wait_nodes(gateway, len(node_ids))
     yield scopes, gateway
 
@@ -139,3 +212,25 @@ async def wait_nodes(gateway: Any, count: int) -> None:
     with trio.fail_after(10):
         while len(view.nodes) != count:
             await view.wait_changed(view.version)
+
+
+def serve_process(config_path: Path, token: str) -> subprocess.Popen[bytes]:
+    """`harness serve --config FILE --port 0 --token TOKEN` as a subprocess (stdout piped)."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "supervision.cli",
+            "serve",
+            "--config",
+            str(config_path),
+            "--port",
+            "0",
+            "--token",
+            token,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "HARNESS_CLUSTER_TOKEN": CLUSTER_SECRET},
+        cwd=config_path.parent,
+    )
