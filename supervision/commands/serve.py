@@ -29,7 +29,7 @@ from supervision.commands.common import (
     add_config_options,
     config_of,
 )
-from supervision.config import DeploymentConfig, Environment
+from supervision.config import DeploymentConfig, Environment, resolve_environment
 from supervision.deployment import Deployment, open_deployment
 from supervision.gateway import AgentProfile, Gateway, GatewayError, Token, serve_gateway
 
@@ -97,6 +97,9 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
     """
     host = args.host or config.gateway.host
     port = config.gateway.port if args.port is None else args.port
+    if config.cluster is not None:
+        await serve_cluster(args, config, host, port)
+        return
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_deployment(config, store_path=args.store) as deployment:
             tokens, generated = tokens_of(
@@ -133,6 +136,45 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
                 async for _ in signals:
                     nursery.cancel_scope.cancel()
                     break
+
+
+async def serve_cluster(
+    args: argparse.Namespace, config: DeploymentConfig, host: str, port: int
+) -> None:
+    """The cluster mode (`[cluster]` in the config): route to the nodes, host no sessions.
+
+    Raises:
+        ConfigError: a secret the config names is not set.
+        CommandError: the address cannot be bound.
+    """
+    from supervision.cluster.router_serve import serve_cluster_gateway
+
+    environment = resolve_environment(config)
+    tokens, generated = tokens_of(
+        config, environment, args.token or os.environ.get("HARNESS_TOKEN")
+    )
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            try:
+                gateway: Gateway = await nursery.start(
+                    lambda task_status: serve_cluster_gateway(
+                        config,
+                        host=host,
+                        port=port,
+                        tokens=tokens,
+                        static_dir=STATIC_DIR,
+                        task_status=task_status,
+                    )
+                )
+            except GatewayError as exc:
+                raise CommandError(f"{exc}; pick another with --port (0: any free one)") from exc
+            print(f"gateway {gateway.url}", flush=True)
+            print(f"dashboard http://{gateway.host}:{gateway.port}/", flush=True)
+            if generated is not None:
+                print(f"token {generated}", flush=True)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
 
 
 def serve_command(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from actors.session.events import AssistantMessage, StepEnd, StepStart, TurnEnd,
 from supervision.gateway.auth import Principal, Token
 from supervision.runtime import Runtime
 from supervision.subagents import SubagentProvider
-from supervision.supervisor import Child, SupervisionError, UnknownChildError
+from supervision.supervisor import Child, RestartType, SupervisionError, UnknownChildError
 
 AGENT_CHILD_PREFIX = "agent:"
 """The supervisor child id of a session's agent is this prefix plus the session id."""
@@ -62,6 +62,9 @@ class SessionDirectory:
 
     runtime: Runtime
     profiles: dict[str, AgentProfile]
+    agent_restart: RestartType = "transient"
+    """How the supervisor treats a session agent that crashed (a node uses "temporary": a
+    session whose lease was taken over is dropped, and taken back only on its next call)."""
     _known: dict[str, _Known] = attrs.field(factory=dict, init=False)
     _adopted: dict[str, Agent] = attrs.field(factory=dict, init=False)
     _children: dict[str, Child[Agent]] = attrs.field(factory=dict, init=False)
@@ -217,7 +220,7 @@ class SessionDirectory:
             setup=chosen.setup,
             subagents=chosen.subagents,
             child_setup=chosen.child_setup,
-            restart="transient",
+            restart=self.agent_restart,
         )
         agent = child.value
         self._children[agent.session.id] = child
@@ -262,10 +265,11 @@ class SessionDirectory:
             if starting is None:
                 break
             await starting.wait()
-        if not await self.runtime.store.exists(session_id):
-            raise UnknownSessionError(f"session {session_id!r} is not stored")
+        # Claimed before the store is asked, so a concurrent attach waits instead of starting twice.
         done = self._starting[session_id] = trio.Event()
         try:
+            if not await self.runtime.store.exists(session_id):
+                raise UnknownSessionError(f"session {session_id!r} is not stored")
             name = self.agent_of(session_id)
             chosen = self.profile(name if name in self.profiles else "default")
             child = await self.runtime.start_agent(
@@ -275,7 +279,7 @@ class SessionDirectory:
                 setup=chosen.setup,
                 subagents=chosen.subagents,
                 child_setup=chosen.child_setup,
-                restart="transient",
+                restart=self.agent_restart,
             )
             self._children[session_id] = child
             self._known.setdefault(
