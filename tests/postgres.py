@@ -60,6 +60,16 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _spawn(
+    root: Path, command: list[str], user: pwd.struct_passwd | None
+) -> subprocess.Popen[bytes]:
+    as_user = {} if user is None else {"user": user.pw_uid, "group": user.pw_gid}
+    with (root / "server.log").open("ab") as log:
+        if user is not None:
+            os.chown(root / "server.log", user.pw_uid, user.pw_gid)
+        return subprocess.Popen(command, cwd=root, stdout=log, stderr=subprocess.STDOUT, **as_user)
+
+
 @attrs.define(eq=False)
 class PostgresServer:
     """One running server; `dsn(schema)` gives a connection string confined to a schema."""
@@ -67,6 +77,7 @@ class PostgresServer:
     root: Path
     port: int
     process: subprocess.Popen[bytes]
+    command: list[str]
     _schemas: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
 
     @classmethod
@@ -96,17 +107,12 @@ class PostgresServer:
             shutil.rmtree(root, ignore_errors=True)
             raise RuntimeError(f"initdb failed: {initdb.stderr.decode(errors='replace')}")
         port = _free_port()
-        log = (root / "server.log").open("wb")
-        if user is not None:
-            os.chown(root / "server.log", user.pw_uid, user.pw_gid)
         fast = [] if durable else ["-c", "fsync=off", "-c", "full_page_writes=off"]
-        process = subprocess.Popen(
-            [binaries / "postgres", "-D", data, "-p", str(port), "-k", root,
-             "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200", *fast],
-            cwd=root, stdout=log, stderr=subprocess.STDOUT, **as_user,
-        )  # fmt: skip
-        log.close()
-        server = cls(root=root, port=port, process=process)
+        command = [
+            str(binaries / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root),
+            "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200", *fast,
+        ]  # fmt: skip
+        server = cls(root=root, port=port, process=_spawn(root, command, user), command=command)
         try:
             server._wait_ready()
         except BaseException:
@@ -129,15 +135,25 @@ class PostgresServer:
     def stop(self) -> None:
         """Shut the server down by its PID (fast shutdown), wait for it, remove its dir."""
         try:
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGINT)
-                try:
-                    self.process.wait(_STOP_TIMEOUT_SECONDS)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait()
+            self.halt()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+    def halt(self) -> None:
+        """Shut the server down by its PID (fast shutdown) and wait; its data dir stays."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(_STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def resume(self) -> None:
+        """Start the halted server again on the same data dir and port; wait until it answers."""
+        user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+        self.process = _spawn(self.root, self.command, user)
+        self._wait_ready()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_SECONDS

@@ -10,12 +10,22 @@ learns of them at once; a node that dies without leaving is noticed when
 its heartbeat runs out (the view re-reads the table at the moment the
 oldest heartbeat would expire).
 
+A database outage does not stop a node or a gateway: both reconnect with
+bounded, jittered backoff. A node fails (`MembershipError`) only once it has
+gone `dead_after` without a heartbeat, when its liveness has run out anyway;
+a view keeps its last nodes while it reconnects. Every database call is
+bounded (`connect_timeout`, `statement_timeout`, TCP keepalives, and a
+deadline on the call itself), so a blackholed database cannot freeze them.
+
 This is liveness only, for placement: whether a node may write a session is
 decided by the session's lease in the store, never by membership.
 """
 
 from __future__ import annotations
 
+import logging
+import random
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -29,6 +39,8 @@ from psycopg.rows import TupleRow
 from actors.session.postgres_schema import ensure_schema
 from supervision.supervisor import SupervisionError
 
+log = logging.getLogger(__name__)
+
 HEARTBEAT_SECONDS = 1.0
 """How often a node renews its heartbeat."""
 
@@ -37,6 +49,15 @@ DEAD_AFTER_SECONDS = 5.0
 
 LEAVE_GRACE_SECONDS = 5.0
 """How long a stopping node spends deleting its row."""
+
+CALL_SECONDS = 5.0
+"""The longest one database call may take (connecting included) before it counts as failed."""
+
+BACKOFF_FIRST_SECONDS = 0.1
+"""The pause before the first reconnect after a database error; it doubles per failure."""
+
+BACKOFF_MAX_SECONDS = 2.0
+"""The longest pause between reconnects (each pause is jittered down by up to half)."""
 
 CHANNEL = "harness_nodes"
 """The NOTIFY channel joins, restarts and departures are announced on."""
@@ -144,45 +165,77 @@ class Membership:
         `task_status.started(info)` once the node is registered (and
         announced). A second registration of the same id (a restart
         elsewhere) replaces this one: this node's next heartbeat then fails.
+        A failed heartbeat (the database is down or unreachable) is retried
+        on a new connection with bounded, jittered backoff; the node fails
+        only once it has gone `dead_after` without a heartbeat.
 
-        Cancellation: stops the heartbeats and deletes this incarnation's row
+        Cancellation: stops the heartbeats (one in flight finishes first,
+        within `CALL_SECONDS`) and deletes this incarnation's row
         (announced), shielded and bounded by `LEAVE_GRACE_SECONDS`.
 
         Raises:
-            MembershipError: the database cannot be reached, or another
+            MembershipError: the database cannot be reached at the start, or
+                not for `dead_after` since the last heartbeat; or another
                 incarnation of `node_id` replaced this one.
         """
         info = NodeInfo(node_id=node_id, endpoint=endpoint, incarnation=uuid.uuid4().hex)
-        connection = await self._connect()
+        link = _Link()
         try:
-            await self._call(_register, connection, info)
+            await self._open(link)
+            await self._on(link, _register, info)
             task_status.started(info)
+            last_beat = trio.current_time()
+            failures = 0
             while True:
-                await trio.sleep(self.heartbeat_interval)
-                if not await self._call(_heartbeat, connection, info, self.dead_after):
+                deadline = last_beat + self.dead_after
+                pause = self.heartbeat_interval if failures == 0 else _backoff(failures)
+                await trio.sleep_until(min(trio.current_time() + pause, deadline))
+                try:
+                    with trio.CancelScope(shield=True):
+                        left = deadline - trio.current_time()
+                        if link.connection is None:
+                            await self._open(link, timeout=left)
+                        left = deadline - trio.current_time()
+                        alive = await self._on(
+                            link, _heartbeat, info, self.dead_after, timeout=left
+                        )
+                except MembershipError as exc:
+                    if trio.current_time() >= deadline:
+                        raise MembershipError(
+                            f"node {node_id!r}: no heartbeat for {self.dead_after:g} s "
+                            f"(dead_after), so its liveness has run out: {exc}"
+                        ) from exc
+                    failures += 1
+                    log.warning("node %r: heartbeat failed, reconnecting: %s", node_id, exc)
+                    continue
+                if not alive:
                     raise MembershipError(
                         f"node {node_id!r}: incarnation {info.incarnation} was replaced by "
                         "another start of the same node id; this one stops heartbeating"
                     )
+                if failures:
+                    log.warning("node %r: heartbeating again", node_id)
+                last_beat = trio.current_time()
+                failures = 0
         finally:
-            with trio.move_on_after(LEAVE_GRACE_SECONDS, shield=True):
-                await trio.to_thread.run_sync(
-                    _leave_and_close, connection, info, abandon_on_cancel=True
-                )
+            if link.connection is not None:
+                with trio.move_on_after(LEAVE_GRACE_SECONDS, shield=True):
+                    await trio.to_thread.run_sync(
+                        _leave_and_close, link.connection, info, abandon_on_cancel=True
+                    )
 
     async def live_nodes(self) -> tuple[NodeInfo, ...]:
         """The nodes whose heartbeat is younger than `dead_after`, sorted by id.
 
-        Cancellation: takes effect before or after the read, never during it.
+        One read on a connection of its own, within `CALL_SECONDS`.
+
+        Cancellation: returns at once (a read in flight is abandoned; its
+        connection is closed when it ends).
 
         Raises:
-            MembershipError: the database cannot be reached.
+            MembershipError: the database cannot be reached or does not answer.
         """
-        connection = await self._connect()
-        try:
-            nodes, _ = await self._call(_live, connection, self.dead_after)
-        finally:
-            connection.close()
+        nodes, _ = await _blocking(self.dsn, _read_live, self.dsn, self.dead_after)
         return nodes
 
     async def serve_view(
@@ -193,47 +246,163 @@ class Membership:
         `task_status.started(view)` once the first read is in. The view is
         re-read when a node announces a change (`LISTEN harness_nodes`) and
         when the oldest heartbeat would run out, so a silent death shows
-        within `dead_after` of the node's last heartbeat.
+        within `dead_after` of the node's last heartbeat. When the database
+        fails after the start, the view keeps its last nodes (logged) and
+        reconnects with bounded, jittered backoff until it reads again.
 
-        Cancellation: stops watching; the view keeps its last nodes.
+        Cancellation: stops watching at once; the view keeps its last nodes.
 
         Raises:
-            MembershipError: the database cannot be reached.
+            MembershipError: the database cannot be reached for the first read.
         """
         view = MembershipView()
-        connection = await self._connect()
+        link = _Link()
+        started = False
         announced = False
+        failures = 0
 
         def on_notify(_: psycopg.Notify) -> None:
             nonlocal announced
             announced = True
 
         try:
-            connection.add_notify_handler(on_notify)
-            await self._call(_listen, connection)
-            nodes, expires_in = await self._call(_live, connection, self.dead_after)
-            view._update(nodes)
-            task_status.started(view)
             while True:
-                with trio.move_on_after(expires_in):
-                    while not announced:
-                        await trio.lowlevel.wait_readable(connection.fileno())
-                        await self._call(_receive_notifies, connection)
-                announced = False
-                nodes, expires_in = await self._call(_live, connection, self.dead_after)
-                view._update(nodes)
+                try:
+                    if link.connection is None:
+                        await self._open(link)
+                        assert link.connection is not None
+                        link.connection.add_notify_handler(on_notify)
+                        await self._on(link, _listen)
+                    announced = False
+                    nodes, expires_in = await self._on(link, _live, self.dead_after)
+                    view._update(nodes)
+                    if not started:
+                        task_status.started(view)
+                        started = True
+                    if failures:
+                        log.warning("cluster membership: reading the live nodes again")
+                    failures = 0
+                    with trio.move_on_after(expires_in):
+                        while not announced:
+                            assert link.connection is not None
+                            await trio.lowlevel.wait_readable(link.connection.fileno())
+                            await self._on(link, _receive_notifies)
+                except MembershipError as exc:
+                    if not started:
+                        raise
+                    failures += 1
+                    log.warning(
+                        "%s; keeping the last view (%s) and reconnecting",
+                        exc,
+                        ", ".join(view.node_ids()) or "no live nodes",
+                    )
+                    await trio.sleep(_backoff(failures))
         finally:
-            connection.close()
+            if link.connection is not None:
+                link.connection.close()
 
-    async def _connect(self) -> _Connection:
-        return await self._call(_open, self.dsn)
+    async def _open(self, link: _Link, *, timeout: float = CALL_SECONDS) -> None:
+        """Give `link` a new connection (raises `MembershipError`; cancellable at once)."""
+        link.connection = await _blocking(self.dsn, _open, self.dsn, timeout=timeout)
 
-    async def _call(self, work: Callable[..., _T], *args: Any) -> _T:
-        """Run blocking `work(*args)` in a worker thread; database errors become ours."""
+    async def _on(
+        self, link: _Link, work: Callable[..., _T], *args: Any, timeout: float = CALL_SECONDS
+    ) -> _T:
+        """Run `work(connection, *args)` on `link`'s connection in a worker thread.
+
+        On any failure (a database error, no answer within `timeout`,
+        cancellation) the link loses its connection, which is closed now or,
+        when its thread was abandoned, by that thread once it ends.
+        """
+        connection = link.connection
+        assert connection is not None
         try:
-            return await trio.to_thread.run_sync(work, *args)
-        except psycopg.Error as exc:
-            raise MembershipError(f"cluster membership in {_where(self.dsn)}: {exc}") from exc
+            return await _blocking(self.dsn, work, connection, *args, timeout=timeout)
+        except BaseException:
+            link.connection = None
+            raise
+
+
+@attrs.define(eq=False)
+class _Link:
+    """The connection a watcher or a node works on; `None` while it has to reconnect."""
+
+    connection: _Connection | None = None
+
+
+@attrs.define(eq=False)
+class _Handoff:
+    """Decides who closes the connections of a call whose caller may give up on it.
+
+    The caller abandons the thread on cancellation or timeout; whichever of
+    the two finishes last closes every connection the call touched.
+    """
+
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+    _ended: bool = False
+    _abandoned: bool = False
+    touched: list[object] = attrs.field(factory=list)
+
+    def end(self, result: object) -> bool:
+        """In the thread: the call ended; True when the caller is gone (close now)."""
+        with self._lock:
+            self.touched.append(result)
+            self._ended = True
+            return self._abandoned
+
+    def abandon(self) -> bool:
+        """In Trio: the caller gives up; True when the thread has already ended (close now)."""
+        with self._lock:
+            self._abandoned = True
+            return self._ended
+
+
+async def _blocking(
+    dsn: str, work: Callable[..., _T], *args: Any, timeout: float = CALL_SECONDS
+) -> _T:
+    """Run blocking `work(*args)` in a worker thread within `timeout`; errors become ours.
+
+    On failure or cancellation every connection among `args` and the result
+    is closed (by the thread when it was abandoned mid-call).
+    """
+    handoff = _Handoff(touched=list(args))
+
+    def run() -> _T:
+        result: _T | None = None
+        try:
+            result = work(*args)
+            return result
+        finally:
+            if handoff.end(result):
+                _close(handoff.touched)
+
+    failed = True
+    try:
+        with trio.fail_after(max(timeout, 0.0)):
+            answer = await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+        failed = False
+        return answer
+    except trio.TooSlowError as exc:
+        raise MembershipError(
+            f"cluster membership in {_where(dsn)}: no answer within {max(timeout, 0.0):.3g} s"
+        ) from exc
+    except psycopg.Error as exc:
+        raise MembershipError(f"cluster membership in {_where(dsn)}: {exc}") from exc
+    finally:
+        if failed and handoff.abandon():
+            _close(handoff.touched)
+
+
+def _close(things: list[object]) -> None:
+    for thing in things:
+        if isinstance(thing, psycopg.Connection):
+            thing.close()
+
+
+def _backoff(failures: int) -> float:
+    """The pause before reconnect number `failures`: doubling, capped, jittered down by half."""
+    ceiling = min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2.0 ** min(failures - 1, 16))
+    return ceiling * random.uniform(0.5, 1.0)
 
 
 def _where(dsn: str) -> str:
@@ -245,8 +414,23 @@ def _where(dsn: str) -> str:
 
 
 def _open(dsn: str) -> _Connection:
-    connection = psycopg.connect(dsn, autocommit=True, application_name="harness membership")
+    """A new connection whose every wait is bounded: connecting, statements, a silent peer."""
+    connection = psycopg.connect(
+        dsn,
+        autocommit=True,
+        application_name="harness membership",
+        connect_timeout=max(2, round(CALL_SECONDS)),
+        keepalives=1,
+        keepalives_idle=max(1, round(CALL_SECONDS)),
+        keepalives_interval=1,
+        keepalives_count=3,
+        tcp_user_timeout=round(CALL_SECONDS * 1000),
+    )
     try:
+        connection.execute(
+            "SELECT set_config('statement_timeout', %s, false)",
+            (str(round(CALL_SECONDS * 1000)),),
+        )
         ensure_schema(connection, f"cluster membership in {_where(dsn)}")
     except BaseException:
         connection.close()
@@ -313,6 +497,11 @@ def _listen(connection: _Connection) -> None:
 def _receive_notifies(connection: _Connection) -> None:
     """Read what the socket holds; psycopg hands each notification to the handlers."""
     connection.execute(b"SELECT 1")
+
+
+def _read_live(dsn: str, dead_after: float) -> tuple[tuple[NodeInfo, ...], float]:
+    with _open(dsn) as connection:
+        return _live(connection, dead_after)
 
 
 def _live(connection: _Connection, dead_after: float) -> tuple[tuple[NodeInfo, ...], float]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import psycopg
 import pytest
 import trio
 
 from supervision.cluster import Membership, MembershipError, MembershipView, NodeInfo, owner
+from tests.postgres import PostgresServer, PostgresUnavailable
 
 
 async def changed(view: MembershipView, version: int) -> list[str]:
@@ -134,3 +137,95 @@ async def test_a_node_back_from_a_stall_announces_its_return(postgres_dsn: str) 
                         break
             assert notices[0].payload == "s"
         nursery.cancel_scope.cancel()
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[PostgresServer]:
+    """A server of this module's own, which the outage tests stop and start again."""
+    try:
+        server = PostgresServer.start()
+    except PostgresUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_nodes_and_views_ride_out_a_short_database_outage(
+    own_postgres: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    dsn = own_postgres.new_schema()
+    membership = Membership(dsn, heartbeat_interval=0.2, dead_after=8)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(membership.serve_node, "a", "127.0.0.1:7001")
+        view: MembershipView = await nursery.start(membership.serve_view)
+        assert view.node_ids() == ["a"]
+        await trio.to_thread.run_sync(own_postgres.halt)
+        await trio.sleep(3)
+        assert view.node_ids() == ["a"]  # the last view, kept while the database is down
+        await trio.to_thread.run_sync(own_postgres.resume)
+        # The view reads again: a node that joins after the outage shows.
+        await nursery.start(membership.serve_node, "b", "127.0.0.1:7002")
+        with trio.fail_after(10):
+            while view.node_ids() != ["a", "b"]:
+                await view.wait_changed(view.version)
+        # And node a heartbeats again.
+        with trio.fail_after(5):
+            while True:
+                with psycopg.connect(dsn, autocommit=True) as connection:
+                    row = connection.execute(
+                        "SELECT clock_timestamp() - heartbeat_at < interval '1 s' "
+                        "FROM harness_nodes WHERE node_id = 'a'"
+                    ).fetchone()
+                if row is not None and row[0]:
+                    break
+                await trio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    assert "keeping the last view (a) and reconnecting" in caplog.text
+
+
+async def test_a_node_whose_database_stays_down_past_dead_after_fails(
+    own_postgres: PostgresServer,
+) -> None:
+    dsn = own_postgres.new_schema()
+    membership = Membership(dsn, heartbeat_interval=0.2, dead_after=1.5)
+    try:
+        with (
+            trio.fail_after(15),
+            pytest.RaisesGroup(
+                pytest.RaisesExc(
+                    MembershipError, match=r"node 'a': no heartbeat for 1\.5 s \(dead_after\)"
+                )
+            ),
+        ):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(membership.serve_node, "a", "127.0.0.1:7001")
+                await trio.to_thread.run_sync(own_postgres.halt)
+                await trio.sleep_forever()
+    finally:
+        await trio.to_thread.run_sync(own_postgres.resume)
+
+
+async def test_a_blackholed_database_never_holds_up_cancellation() -> None:
+    # A listener that accepts and never answers: the connection attempt hangs.
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    held: list[trio.SocketStream] = []
+    async with trio.open_nursery() as nursery:
+
+        async def accept() -> None:
+            while True:
+                held.append(await listener.accept())
+
+        nursery.start_soon(accept)
+        membership = Membership(f"postgresql://harness@127.0.0.1:{port}/x")
+        with trio.fail_after(1):
+            with trio.move_on_after(0.3):
+                await membership.live_nodes()
+        with pytest.raises(MembershipError, match=r"no answer within|timeout"):
+            await membership.live_nodes()
+        nursery.cancel_scope.cancel()
+    for stream in held:
+        await stream.aclose()
+    await listener.aclose()
