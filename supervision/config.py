@@ -33,6 +33,8 @@ from actors.prompt import PromptError
 from actors.prompt.tool_order import parse_tool_order
 
 DEFAULT_STORE_PATH = ".harness/sessions.sqlite"
+MAX_PORT = 65535
+"""The largest TCP port number."""
 """Where sessions are stored when neither the config nor `--store` says."""
 MEMORY_STORE = "memory"
 """The `[store] path` value that keeps sessions in memory only."""
@@ -477,14 +479,18 @@ def _check_references(config: DeploymentConfig) -> list[str]:
     problems: list[str] = []
     if not config.agents:
         problems.append("no agent profiles: add an [agents.NAME] table")
-    if config.store.url is not None:
-        if not config.store.url.startswith(("postgresql://", "postgres://")):
-            problems.append(
-                "store.url (in [store]) must be a postgresql:// URL, got "
-                f"{config.store.url.partition('://')[0]!r}:// "
-            )
-        if config.store.path != DEFAULT_STORE_PATH:
-            problems.append("[store] takes either path (SQLite) or url (PostgreSQL), not both")
+    if config.store.url is not None and not config.store.url.startswith(
+        ("postgresql://", "postgres://")
+    ):
+        problems.append(
+            "store.url (in [store]) must be a postgresql:// URL, got "
+            f"{config.store.url.partition('://')[0]!r}:// "
+        )
+    if not 0 <= config.gateway.port <= MAX_PORT:
+        problems.append(
+            f"gateway.port (in [gateway]) must be 0-{MAX_PORT} (0: any free one), "
+            f"got {config.gateway.port}"
+        )
     if config.cluster is not None:
         if config.store.url is None:
             problems.append(
@@ -567,6 +573,27 @@ def _check_references(config: DeploymentConfig) -> list[str]:
     return problems
 
 
+_SIMULATOR_ONLY = ("token_rate", "reply_tokens")
+"""Provider keys only the in-process simulator reads."""
+
+
+def _check_given_keys(document: Mapping[str, Any]) -> list[str]:
+    """Problems only the keys as written show (a default value cannot tell them)."""
+    problems: list[str] = []
+    store = document.get("store", {})
+    if "path" in store and "url" in store:
+        problems.append("[store] takes either path (SQLite) or url (PostgreSQL), not both")
+    for name, provider in document.get("providers", {}).items():
+        if provider.get("kind") == "openai-compatible":
+            problems.extend(
+                f"providers.{name}.{key} (in [providers.{name}]): only a simulator provider "
+                "reads it; kind 'openai-compatible' does not"
+                for key in _SIMULATOR_ONLY
+                if key in provider
+            )
+    return problems
+
+
 def parse_config(document: Mapping[str, Any], source: str) -> DeploymentConfig:
     """Structure and validate a parsed TOML document from `source`.
 
@@ -585,7 +612,7 @@ def parse_config(document: Mapping[str, Any], source: str) -> DeploymentConfig:
         gateway=parsed.gateway,
         cluster=parsed.cluster,
     )
-    problems = _check_references(config)
+    problems = _check_given_keys(document) + _check_references(config)
     if problems:
         raise _fail(source, problems)
     return config

@@ -30,7 +30,7 @@ from supervision.cluster.membership import Membership, MembershipView
 from supervision.cluster.node_methods import NODE_METHODS, lease_owner
 from supervision.cluster.node_rebalance import Rebalancer
 from supervision.cluster.wire import EnvelopeError, end_to_gateway, parse, to_gateway
-from supervision.config import ConfigError, DeploymentConfig
+from supervision.config import MAX_PORT, ConfigError, DeploymentConfig
 from supervision.deployment import Deployment, open_deployment
 from supervision.gateway import AgentProfile, Gateway, Token
 from supervision.gateway.auth import Denial, Principal, authenticate
@@ -82,8 +82,10 @@ def default_node_id() -> str:
 
 def _host_port(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise NodeError(f"--listen {listen!r} must be HOST:PORT (port 0: any free one)")
+    if not sep or not host or not port.isdigit() or int(port) > MAX_PORT:
+        raise NodeError(
+            f"--listen {listen!r} must be HOST:PORT, port 0-{MAX_PORT} (0: any free one)"
+        )
     return host.strip("[]"), int(port)
 
 

@@ -39,6 +39,7 @@ from supervision.commands.common import (
     config_of,
     console,
     print_json,
+    websocket_url,
 )
 from supervision.commands.gateway_client import open_gateway_client
 from supervision.config import DEFAULT_AGENT
@@ -70,7 +71,10 @@ def register(commands: Commands) -> None:
         "--agent", default=DEFAULT_AGENT, help="the profile to open it with (default: default)"
     )
     inspect.add_argument(
-        "--url", default=None, help="ask this running gateway (ws://HOST:PORT/acp) instead"
+        "--url",
+        type=websocket_url,
+        default=None,
+        help="ask this running gateway (ws://HOST:PORT/acp) instead",
     )
     inspect.add_argument("--token", default=None, help="gateway token (default: $HARNESS_TOKEN)")
     add_config_options(inspect)

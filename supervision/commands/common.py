@@ -12,7 +12,7 @@ from typing import Any, NoReturn, TypeAlias
 from rich.console import Console
 
 from actors.session import SessionStore, SQLiteStore, event_to_json
-from supervision.config import MEMORY_STORE, DeploymentConfig, load_config
+from supervision.config import MAX_PORT, MEMORY_STORE, DeploymentConfig, load_config
 from supervision.deployment import session_store
 
 EXIT_OK = 0
@@ -45,17 +45,52 @@ class CommandError(Exception):
         self.code = code
 
 
-def add_config_options(parser: argparse.ArgumentParser, *, store: bool = True) -> None:
-    """`--config FILE` and (with `store`) `--store PATH`."""
-    parser.add_argument(
-        "--config", type=Path, default=None, help="deployment TOML file (default: built-in)"
-    )
+def add_config_options(
+    parser: argparse.ArgumentParser, *, store: bool = True, required: bool = False
+) -> None:
+    """`--config FILE` (`required`: no built-in default) and (with `store`) `--store PATH`."""
+    if required:
+        parser.add_argument("--config", type=Path, required=True, help="deployment TOML file")
+    else:
+        parser.add_argument(
+            "--config", type=Path, default=None, help="deployment TOML file (default: built-in)"
+        )
     if store:
         parser.add_argument(
             "--store",
             default=None,
             help="SQLite session store (default: the config's [store] path)",
         )
+
+
+def port_number(text: str) -> int:
+    """An argparse `type=`: a TCP port, 0-65535 (0: any free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0-{MAX_PORT} (0: any free one)")
+    return port
+
+
+def host_and_port(text: str) -> str:
+    """An argparse `type=`: `HOST:PORT` with a port 0-65535 (kept as written)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} must be HOST:PORT (port 0: any free one)")
+    port_number(port)
+    return text
+
+
+def websocket_url(text: str) -> str:
+    """An argparse `type=`: a `ws://` or `wss://` URL with a host (kept as written)."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme.lower() not in ("ws", "wss") or not rest.split("/", 1)[0]:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a websocket URL: give ws://HOST:PORT/acp (or wss://)"
+        )
+    return text
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:

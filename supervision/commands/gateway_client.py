@@ -9,6 +9,7 @@ server side wait nothing for it).
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from trio_websocket import (
     open_websocket_url,
 )
 
-from supervision.commands.common import CommandError
+from supervision.commands.common import EXIT_USAGE, CommandError, websocket_url
 
 NOTIFICATION_BUFFER = 1024
 """Notifications waiting for the consumer before the reader blocks."""
@@ -116,6 +117,10 @@ async def open_gateway_client(url: str, token: str) -> AsyncIterator[GatewayClie
         CommandError: the gateway is unreachable or refused the token (the
             message says which and what to do).
     """
+    try:
+        websocket_url(url)
+    except argparse.ArgumentTypeError as exc:
+        raise CommandError(f"--url: {exc}", EXIT_USAGE) from None
     headers = [(b"authorization", f"Bearer {token}".encode())]
     try:
         async with open_websocket_url(

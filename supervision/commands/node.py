@@ -14,7 +14,13 @@ import signal
 import trio
 
 from supervision.cluster.node import default_node_id, run_node
-from supervision.commands.common import EXIT_OK, Commands, add_config_options, config_of
+from supervision.commands.common import (
+    EXIT_OK,
+    Commands,
+    add_config_options,
+    config_of,
+    host_and_port,
+)
 from supervision.config import ConfigError
 
 
@@ -23,10 +29,13 @@ def register(commands: Commands) -> None:
     node = commands.add_parser(
         "node", help="host sessions for a cluster: [store] url and [cluster] in the config"
     )
-    add_config_options(node, store=False)
+    add_config_options(node, store=False, required=True)
     node.add_argument("--node-id", default=None, help="this node's id (default: HOSTNAME-RANDOM)")
     node.add_argument(
-        "--listen", default="127.0.0.1:0", help="HOST:PORT for gateways' node streams (0: any)"
+        "--listen",
+        type=host_and_port,
+        default="127.0.0.1:0",
+        help="HOST:PORT for gateways' node streams (0: any)",
     )
     node.set_defaults(handler=node_command)
 

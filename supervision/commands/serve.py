@@ -13,6 +13,7 @@ store is flushed) with exit status 0. `harness acp`
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import secrets
 import signal
@@ -24,10 +25,12 @@ import trio
 from actors.agent import Agent
 from supervision.commands.common import (
     EXIT_OK,
+    EXIT_USAGE,
     CommandError,
     Commands,
     add_config_options,
     config_of,
+    port_number,
 )
 from supervision.config import DeploymentConfig, Environment, resolve_environment
 from supervision.deployment import Deployment, open_deployment
@@ -44,7 +47,7 @@ def register(commands: Commands) -> None:
     )
     add_config_options(serve)
     serve.add_argument("--host", default=None, help="address to listen on (default: config)")
-    serve.add_argument("--port", type=int, default=None, help="port (0: any free one)")
+    serve.add_argument("--port", type=port_number, default=None, help="port (0: any free one)")
     serve.add_argument(
         "--token", default=None, help="bearer token with every scope (default: $HARNESS_TOKEN)"
     )
@@ -73,6 +76,20 @@ def tokens_of(
     return tokens, generated
 
 
+def listen_failure(exc: GatewayError) -> CommandError:
+    """The one-line error for a gateway that cannot start, with the hint its cause calls for.
+
+    A busy or forbidden port: pick another port; an address that does not
+    resolve or is not this machine's: pick another host.
+    """
+    cause = exc.__cause__
+    if not isinstance(cause, OSError):
+        return CommandError(str(exc))
+    if cause.errno in (errno.EADDRINUSE, errno.EACCES):
+        return CommandError(f"{exc}; pick another with --port (0: any free one)")
+    return CommandError(f"{exc}; pick another with --host (an address of this machine)")
+
+
 def profiles_of(deployment: Deployment) -> dict[str, AgentProfile]:
     """The gateway profiles of the deployment's agent profiles."""
     profiles = {}
@@ -98,6 +115,12 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
     host = args.host or config.gateway.host
     port = config.gateway.port if args.port is None else args.port
     if config.cluster is not None:
+        if args.store is not None:
+            raise CommandError(
+                f"--store {args.store!r}: a cluster gateway ({config.source} has [cluster]) "
+                "hosts no sessions; its nodes keep them in [store] url",
+                EXIT_USAGE,
+            )
         await serve_cluster(args, config, host, port)
         return
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -120,9 +143,7 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
                         )
                     )
                 except GatewayError as exc:
-                    raise CommandError(
-                        f"{exc}; pick another with --port (0: any free one)"
-                    ) from exc
+                    raise listen_failure(exc) from exc
                 directory = gateway.directory
 
                 def adopt(child: Agent, parent: str, profile: str) -> None:
@@ -167,7 +188,7 @@ async def serve_cluster(
                     )
                 )
             except GatewayError as exc:
-                raise CommandError(f"{exc}; pick another with --port (0: any free one)") from exc
+                raise listen_failure(exc) from exc
             print(f"gateway {gateway.url}", flush=True)
             print(f"dashboard http://{gateway.host}:{gateway.port}/", flush=True)
             if generated is not None:

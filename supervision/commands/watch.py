@@ -34,6 +34,7 @@ from supervision.commands.common import (
     config_of,
     console,
     print_json,
+    websocket_url,
 )
 from supervision.commands.gateway_client import GatewayClient, open_gateway_client
 
@@ -53,7 +54,10 @@ def register(commands: Commands) -> None:
     )
     watch.add_argument("sessions", nargs="*", metavar="SESSION", help="sessions to follow")
     watch.add_argument(
-        "--url", default=None, help="gateway websocket (default: ws://HOST:PORT/acp of the config)"
+        "--url",
+        type=websocket_url,
+        default=None,
+        help="gateway websocket (default: ws://HOST:PORT/acp of the config)",
     )
     watch.add_argument("--token", default=None, help="bearer token (default: $HARNESS_TOKEN)")
     add_config_options(watch, store=False)

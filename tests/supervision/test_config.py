@@ -322,3 +322,25 @@ def test_a_plain_function_becomes_a_function_tool(tmp_path: Path) -> None:
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("usertools", None)
+
+
+@pytest.mark.parametrize("port", [65536, 99999, -1])
+def test_a_gateway_port_out_of_range_is_refused(tmp_path: Path, port: int) -> None:
+    message = error_of(tmp_path, f"[gateway]\nport = {port}\n" + MINIMAL)
+    assert f"gateway.port (in [gateway]) must be 0-65535 (0: any free one), got {port}" in message
+
+
+@pytest.mark.parametrize("key", ["token_rate = 5.0", "reply_tokens = 10"])
+def test_simulator_only_keys_are_refused_on_a_real_endpoint(tmp_path: Path, key: str) -> None:
+    text = MINIMAL.replace('"simulator"', '"openai-compatible"\nbase_url = "http://x/v1"\n' + key)
+    message = error_of(tmp_path, text)
+    name = key.partition(" ")[0]
+    assert f"providers.local.{name} (in [providers.local]): only a simulator provider" in message
+
+
+@pytest.mark.parametrize("path", ['".harness/sessions.sqlite"', '"other.sqlite"'])
+def test_store_path_and_url_together_are_refused(tmp_path: Path, path: str) -> None:
+    text = f'[store]\npath = {path}\nurl = "postgresql://h@127.0.0.1/x"\n' + MINIMAL
+    assert "[store] takes either path (SQLite) or url (PostgreSQL), not both" in error_of(
+        tmp_path, text
+    )
