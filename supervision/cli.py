@@ -37,6 +37,7 @@ from supervision.commands.common import (
     CommandError,
     Commands,
     Parser,
+    port_number,
 )
 from supervision.config import ConfigError
 from supervision.demo import DEFAULT_STORE, demo_api_key, run_demo
@@ -95,7 +96,9 @@ def _builtin(commands: Commands) -> None:
     simulator = commands.add_parser(
         "simulator", help="serve the DeepSeek-compatible simulator on 127.0.0.1"
     )
-    simulator.add_argument("--port", type=int, default=8765, help="port to listen on (0: any)")
+    simulator.add_argument(
+        "--port", type=port_number, default=8765, help="port to listen on (0: any)"
+    )
     simulator.add_argument(
         "--script", type=Path, help="JSON model script: reply rules (docs/simulator.md)"
     )

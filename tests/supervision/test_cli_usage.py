@@ -36,8 +36,11 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 
 @pytest.mark.parametrize("port", ["99999", "65536", "-1", "eighty"])
-def test_serve_refuses_a_port_out_of_range(port: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert "argument --port:" in usage_error(["serve", "--port", port], capsys)
+@pytest.mark.parametrize("command", ["serve", "simulator"])
+def test_a_port_out_of_range_is_refused(
+    command: str, port: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "argument --port:" in usage_error([command, "--port", port], capsys)
 
 
 @pytest.mark.parametrize("listen", ["127.0.0.1:99999", "nonsense", "127.0.0.1:", ":80"])

@@ -26,6 +26,10 @@ def environment(tmp_path: Path) -> dict[str, str]:
     launcher = bin_dir / "harness"
     launcher.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m supervision.cli "$@"\n')
     launcher.chmod(0o755)
+    # The snippets name the checkout's `.venv/bin/harness`; the tests run them in `tmp_path`.
+    (tmp_path / ".venv").mkdir(exist_ok=True)
+    (tmp_path / ".venv" / "bin").unlink(missing_ok=True)
+    (tmp_path / ".venv" / "bin").symlink_to(bin_dir)
     return {**env, "PATH": f"{bin_dir}:{env['PATH']}", "PYTHONPATH": str(ROOT)}
 
 
