@@ -33,6 +33,7 @@ from actors.messages import TextBlock
 from actors.prompt import PromptSection, SystemPrompt
 from actors.providers import Chunk, FinishChunk, GenerateRequest
 from actors.providers.actor import ProviderActor
+from actors.providers.base import ChunkBatch, unbatched
 from actors.providers.openai_compat import OpenAICompatProvider, StreamTimeouts
 from actors.session import MemoryStore, SessionStore, SQLiteStore
 from actors.session.events import TurnEnd
@@ -155,21 +156,26 @@ class _TimedProvider:
         """Serve the wrapped actor."""
         await self.actor.serve(task_status=task_status)
 
-    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+    def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
         """The actor's stream, timed from the call to its finish chunk."""
+        return unbatched(self.stream_batches(request))
+
+    async def stream_batches(self, request: GenerateRequest) -> AsyncGenerator[ChunkBatch, None]:
+        """The actor's batches, timed from the call to the batch with the finish chunk."""
         key = _first_user_text(request)
         started = trio.current_time()
-        async with aclosing(self.actor.stream(request)) as chunks:
-            async for chunk in chunks:
-                if isinstance(chunk, FinishChunk):
-                    if chunk.failure is not None:
-                        code = chunk.failure.code
+        async with aclosing(self.actor.stream_batches(request)) as batches:
+            async for batch in batches:
+                finish = batch[-1]
+                if isinstance(finish, FinishChunk):
+                    if finish.failure is not None:
+                        code = finish.failure.code
                         self.failures[code] = self.failures.get(code, 0) + 1
                     elapsed = trio.current_time() - started
                     self.waited[key] = self.waited.get(key, 0.0) + elapsed
                     if self._on_step is not None:
                         self._on_step(1)
-                yield chunk
+                yield batch
 
 
 def _first_user_text(request: GenerateRequest) -> str:
