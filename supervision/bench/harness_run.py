@@ -51,6 +51,8 @@ StoreKind = Literal["memory", "sqlite"]
 _TIMEOUTS = StreamTimeouts(connect=120.0, read_idle=120.0, deadline=600.0)
 """Generous clocks: a burst of N requests queues at the one-process simulator, and on a
 loaded machine a timeout (then a retry) would measure the clock, not the runtime."""
+_FAILURE_SAMPLES = 5
+"""How many failed attempts' messages a level keeps (to say why, not just how many)."""
 ProgressHook = Callable[[int], None]
 """Called with the number of steps just completed (1 each time)."""
 
@@ -85,7 +87,8 @@ class LevelResult:
     """What one level measured (times in seconds unless named otherwise).
 
     `request_failures` counts failed provider attempts by failure code
-    (each was retried by the agent's retry policy, or failed its turn).
+    (each was retried by the agent's retry policy, or failed its turn);
+    `failure_samples` holds the messages of the first few of them.
     """
 
     framework: str
@@ -103,6 +106,7 @@ class LevelResult:
     single_turn_s: float
     idle_session_turn_s: float
     request_failures: dict[str, int]
+    failure_samples: list[str]
     settings: dict[str, Any]
 
 
@@ -150,6 +154,7 @@ class _TimedProvider:
         self.actor = actor
         self.waited: dict[str, float] = {}
         self.failures: dict[str, int] = {}
+        self.samples: list[str] = []
         self._on_step = on_step
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -171,6 +176,8 @@ class _TimedProvider:
                     if finish.failure is not None:
                         code = finish.failure.code
                         self.failures[code] = self.failures.get(code, 0) + 1
+                        if len(self.samples) < _FAILURE_SAMPLES:
+                            self.samples.append(f"{code}: {finish.failure.message}")
                     elapsed = trio.current_time() - started
                     self.waited[key] = self.waited.get(key, 0.0) + elapsed
                     if self._on_step is not None:
@@ -266,6 +273,7 @@ async def _measure(
 ) -> LevelResult:
     sessions = settings.sessions
     provider.failures.clear()
+    provider.samples.clear()
     gc.collect()
     rss_before = rss_kb()
     agents: list[Agent] = [await start() for _ in range(sessions)]
@@ -313,6 +321,7 @@ async def _measure(
         single_turn_s=single,
         idle_session_turn_s=idle_turn,
         request_failures=dict(provider.failures),
+        failure_samples=list(provider.samples),
         settings=attrs.asdict(settings),
     )
 
