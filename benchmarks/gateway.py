@@ -11,10 +11,14 @@ subscribed live to every session. Phases:
 3. paced: `--paced-turns` turns started at `--rate` turns/s over the fleet
    (an unsaturated runtime), for commit-to-delivery latency.
 
+Phase 3 also runs once before the supervisors attach ("paced alone"), so
+the unsaturated runtime's CPU per step is measured both ways too.
+
 Reported: server CPU per agent step alone and attached (and the increase),
-gateway CPU per delivered event, events/s delivered, and p50/p99 delivery
-latency (supervisor clock minus the event's `time`, i.e. from append, which
-is before commit: an upper bound on commit-to-delivery).
+in the burst and paced phases, the gateway's CPU per delivered event (and
+how much of it is the kernel's: socket writes), events/s delivered, and
+p50/p99 delivery latency (supervisor clock minus the event's `time`, i.e.
+from append, which is before commit: an upper bound on commit-to-delivery).
 
     .venv/bin/python benchmarks/gateway.py --sessions 1000 --supervisors 10
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -154,6 +159,22 @@ async def _run_turns(agents: list[Agent], turns: int) -> tuple[float, float, int
     return time.process_time() - cpu, time.perf_counter() - wall, steps
 
 
+def _system_time() -> float:
+    """Kernel CPU seconds of this process so far."""
+    return os.times().system
+
+
+async def _paced(agents: list[Agent], turns: int, rate: float) -> int:
+    """Start `turns` turns at `rate` turns/s round the fleet; returns the steps they took."""
+    before = sum(agent.statistics().loop.steps for agent in agents)
+    for index in range(turns):
+        agents[index % len(agents)].followup("paced turn")
+        await trio.sleep(1.0 / rate)
+    for agent in agents:
+        await agent.when_idle()
+    return sum(agent.statistics().loop.steps for agent in agents) - before
+
+
 async def _server(args: argparse.Namespace) -> dict[str, Any]:
     engine = SimulatorEngine()
     async with (
@@ -179,7 +200,12 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(args.sessions)
         ]
         await _run_turns(agents, 1)  # warm-up
+        alone_sys = _system_time()
         alone_cpu, alone_wall, alone_steps = await _run_turns(agents, args.turns)
+        alone_sys = _system_time() - alone_sys
+        paced_alone_cpu = time.process_time()
+        paced_alone_steps = await _paced(agents, args.paced_turns, args.rate)
+        paced_alone_cpu = time.process_time() - paced_alone_cpu
 
         process = await trio.lowlevel.open_process(
             [
@@ -200,6 +226,7 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         await lines.next()  # ready
         start_events = sum(len(agent.session) for agent in agents)
         cpu_before_attach = time.process_time()
+        sys_before_attach = _system_time()
         _, att_wall, att_steps = await _run_turns(agents, args.turns)
         appended = sum(len(agent.session) for agent in agents) - start_events
         expected = appended * args.supervisors
@@ -208,23 +235,22 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         )
         attached_report = await lines.next()
         delivered_cpu = time.process_time() - cpu_before_attach
+        delivered_sys = _system_time() - sys_before_attach
+        burst_catch_ups = sum(c.statistics().catch_ups for c in gateway.connections)
         delivered_wall = att_wall  # turns and delivery overlap; delivery ends at the report
 
         await process.stdin.send_all(b'{"cmd": "reset"}\n')
         await lines.next()
         paced_start = sum(len(agent.session) for agent in agents)
-        interval = 1.0 / args.rate
-        for index in range(args.paced_turns):
-            agents[index % len(agents)].followup("paced turn")
-            await trio.sleep(interval)
-        for agent in agents:
-            await agent.when_idle()
+        paced_cpu = time.process_time()
+        paced_steps = await _paced(agents, args.paced_turns, args.rate)
         paced_events = sum(len(agent.session) for agent in agents) - paced_start
         until = attached_report["received"] + paced_events * args.supervisors
         await process.stdin.send_all(
             (json.dumps({"cmd": "report", "until": until}) + "\n").encode()
         )
         paced_report = await lines.next()
+        paced_cpu = time.process_time() - paced_cpu
         await process.stdin.send_all(b'{"cmd": "quit"}\n')
         await process.wait()
         stats = gateway.statistics()
@@ -232,6 +258,9 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
     alone_per_step = alone_cpu / alone_steps
     attached_per_step = delivered_cpu / att_steps
     gateway_cpu = delivered_cpu - alone_cpu * att_steps / alone_steps
+    gateway_sys = delivered_sys - alone_sys * att_steps / alone_steps
+    paced_alone_per_step = paced_alone_cpu / paced_alone_steps
+    paced_attached_per_step = paced_cpu / paced_steps
     return {
         "sessions": args.sessions,
         "supervisors": args.supervisors,
@@ -243,12 +272,17 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         "events_delivered": expected,
         "events_per_s": expected / max(delivered_wall, 1e-9),
         "gateway_cpu_us_per_event": 1e6 * gateway_cpu / expected,
+        "gateway_system_us_per_event": 1e6 * gateway_sys / expected,
+        "paced_alone_cpu_ms_per_step": 1000 * paced_alone_per_step,
+        "paced_attached_cpu_ms_per_step": 1000 * paced_attached_per_step,
+        "paced_increase_pct": 100 * (paced_attached_per_step / paced_alone_per_step - 1),
         "saturated_p50_ms": attached_report["p50"],
         "saturated_p99_ms": attached_report["p99"],
         "paced_rate_turns_per_s": args.rate,
         "paced_p50_ms": paced_report["p50"],
         "paced_p99_ms": paced_report["p99"],
         "slow_consumer_closes": stats.slow_consumer_closes,
+        "burst_catch_ups": burst_catch_ups,
         "alone_wall_s": alone_wall,
     }
 
@@ -292,7 +326,17 @@ def main() -> None:
         ("increase", f"{result['increase_pct']:.1f} %"),
         ("events delivered", f"{result['events_delivered']}"),
         ("events/s delivered", f"{result['events_per_s']:.0f}"),
-        ("gateway CPU per delivered event", f"{result['gateway_cpu_us_per_event']:.1f} µs"),
+        (
+            "gateway CPU per delivered event",
+            f"{result['gateway_cpu_us_per_event']:.1f} µs "
+            f"(kernel {result['gateway_system_us_per_event']:.1f} µs)",
+        ),
+        (
+            "paced: CPU per step alone/attached",
+            f"{result['paced_alone_cpu_ms_per_step']:.3f}/"
+            f"{result['paced_attached_cpu_ms_per_step']:.3f} ms "
+            f"({result['paced_increase_pct']:+.1f} %)",
+        ),
         (
             "delivery p50/p99, saturated",
             f"{result['saturated_p50_ms']}/{result['saturated_p99_ms']} ms",
@@ -302,6 +346,7 @@ def main() -> None:
             f"{result['paced_p50_ms']}/{result['paced_p99_ms']} ms",
         ),
         ("slow-consumer closes", f"{result['slow_consumer_closes']}"),
+        ("subscriptions that fell behind (burst)", f"{result['burst_catch_ups']}"),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

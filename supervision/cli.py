@@ -27,6 +27,7 @@ from supervision.bench.parallel import run_parsed as run_bench_parallel
 from supervision.commands import acp as acp_commands
 from supervision.commands import agent as agent_commands
 from supervision.commands import log as log_commands
+from supervision.commands import node as node_commands
 from supervision.commands import serve as serve_commands
 from supervision.commands import watch as watch_commands
 from supervision.commands.common import (
@@ -47,6 +48,7 @@ Register = Callable[[Commands], None]
 
 COMMAND_GROUPS: tuple[Register, ...] = (
     serve_commands.register,
+    node_commands.register,
     acp_commands.register,
     agent_commands.register,
     log_commands.register,

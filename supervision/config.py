@@ -56,6 +56,11 @@ ContextName: TypeAlias = Literal["time", "workspace", "tmux", "compaction"]
 SubagentTool: TypeAlias = Literal["subagent", "subagent_fork"]
 """`subagent` spawns a child from a fresh session, `subagent_fork` from a copy of the parent's."""
 TokenScope: TypeAlias = Literal["observe", "control", "admin"]
+ClusterNodes: TypeAlias = Literal["postgres"]
+"""Where the cluster's node membership lives (the `harness_nodes` table of `[store] url`)."""
+DEFAULT_CLUSTER_TOKEN_ENV = "HARNESS_CLUSTER_TOKEN"
+"""The environment variable holding the secret gateways and nodes share, unless `[cluster]` names
+another."""
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -162,6 +167,20 @@ class GatewayConfig:
 
 
 @attrs.frozen(kw_only=True)
+class ClusterConfig:
+    """`[cluster]`: sessions run on `harness node` processes sharing `[store] url`.
+
+    `nodes = "postgres"`: nodes register in the store's database and
+    gateways find them there. `token_env` names the environment variable
+    holding the secret a gateway presents to every node (a node refuses any
+    other caller).
+    """
+
+    nodes: ClusterNodes
+    token_env: str = DEFAULT_CLUSTER_TOKEN_ENV
+
+
+@attrs.frozen(kw_only=True)
 class DeploymentConfig:
     """A whole deployment, validated: every reference inside it resolves.
 
@@ -173,6 +192,8 @@ class DeploymentConfig:
     providers: Mapping[str, ProviderConfig] = attrs.field(factory=dict)
     agents: Mapping[str, AgentConfig] = attrs.field(factory=dict)
     gateway: GatewayConfig = attrs.field(factory=GatewayConfig)
+    cluster: ClusterConfig | None = None
+    """None: one process hosts every session (no `[cluster]` table)."""
 
     def agent(self, name: str) -> AgentConfig:
         """The profile `name`.
@@ -197,6 +218,7 @@ class _Document:
     providers: Mapping[str, ProviderConfig] = attrs.field(factory=dict)
     agents: Mapping[str, AgentConfig] = attrs.field(factory=dict)
     gateway: GatewayConfig = attrs.field(factory=GatewayConfig)
+    cluster: ClusterConfig | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -463,6 +485,17 @@ def _check_references(config: DeploymentConfig) -> list[str]:
             )
         if config.store.path != DEFAULT_STORE_PATH:
             problems.append("[store] takes either path (SQLite) or url (PostgreSQL), not both")
+    if config.cluster is not None:
+        if config.store.url is None:
+            problems.append(
+                '[cluster] nodes = "postgres" needs [store] url = "postgresql://...": '
+                "the nodes share that database"
+            )
+        if not _ENV_NAME.match(config.cluster.token_env):
+            problems.append(
+                "cluster.token_env (in [cluster]) must be an environment variable name, "
+                f"got {config.cluster.token_env!r}"
+            )
     for name, provider in config.providers.items():
         where = f"[providers.{name}]"
         if provider.kind == "openai-compatible" and provider.base_url is None:
@@ -550,6 +583,7 @@ def parse_config(document: Mapping[str, Any], source: str) -> DeploymentConfig:
         providers=parsed.providers,
         agents=parsed.agents,
         gateway=parsed.gateway,
+        cluster=parsed.cluster,
     )
     problems = _check_references(config)
     if problems:

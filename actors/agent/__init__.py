@@ -15,6 +15,8 @@ from actors.agent.options import RetryPolicy as RetryPolicy
 from actors.agent.result import AgentClosedError as AgentClosedError
 from actors.agent.result import TurnFailedError as TurnFailedError
 from actors.agent.result import TurnResult as TurnResult
+from actors.agent.tool_call import IdempotencyKey as IdempotencyKey
+from actors.agent.tool_call import ToolInvocation as ToolInvocation
 from actors.agent.tools import Tool as Tool
 from actors.agent.tools import ToolRegistry as ToolRegistry
 from actors.agent.validation import InvalidArguments as InvalidArguments

@@ -24,11 +24,12 @@ import cattrs
 import docstring_parser
 import trio
 
+from actors.agent.tool_call import ToolInvocation
 from actors.agent.tools import Tool
-from actors.session.events import ToolCallRequested
 
 CALL_PARAMETER = "call"
-"""A parameter with this name receives the `tool/call` event instead of a model argument."""
+"""A parameter with this name receives the `ToolInvocation` (the `tool/call` event and its
+idempotency key) instead of a model argument."""
 
 SUPPORTED = (
     "str, int, float, bool, None, list[T], dict[str, T], Literal[...], T | None, "
@@ -295,7 +296,7 @@ def _make(fn: Callable[..., Any], *, name: str | None, description: str | None) 
     schema, taken, wants_call = _parameters(fn, tool_name)
     is_async = inspect.iscoroutinefunction(fn)
 
-    async def execute(arguments: dict[str, Any] | str, call: ToolCallRequested) -> str:
+    async def execute(arguments: dict[str, Any] | str, call: ToolInvocation) -> str:
         if not isinstance(arguments, dict):
             raise TypeError(f"tool {tool_name!r} takes a JSON object of arguments")
         kwargs = {
@@ -346,7 +347,9 @@ def function_tool(
 
     The function gets its arguments as keyword arguments, nested objects
     converted to their attrs class or dict; a parameter named `call` receives
-    the `tool/call` event. An `async def` is awaited; a plain `def` runs in a
+    the `ToolInvocation`: the `tool/call` event and its `idempotency_key`
+    (`(session_id, seq)` of that logged call, the same for every execution
+    of it). An `async def` is awaited; a plain `def` runs in a
     worker thread via `trio.to_thread.run_sync` (cancelling the turn waits for
     the thread to return; it is never abandoned). A `str` result is the tool
     result as is; anything else is sent as JSON.

@@ -32,6 +32,7 @@ from actors.agent.inbox import Claim, Inbox
 from actors.agent.options import AgentOptions
 from actors.agent.projection import RuntimeContextProjection
 from actors.agent.stream import StreamAccumulator
+from actors.agent.tool_call import ToolInvocation
 from actors.agent.tools import ToolRegistry
 from actors.messages import Message
 from actors.prompt import (
@@ -438,16 +439,20 @@ class AgentLoop:
             )
             for block in message.tool_calls
         ]
-        await self.session.extend(calls)
+        logged = await self.session.extend(calls)
         results: list[ToolResult | None] = [None] * len(calls)
 
-        async def run_one(index: int, call: ToolCallRequested) -> None:
+        async def run_one(index: int, call: ToolInvocation) -> None:
             results[index] = await self.tools.run(call)
 
         try:
+            # A tool runs only once its call is durable, so its idempotency key
+            # (the call's seq) can never be reused for another call after a
+            # crash, and a writer that lost the session (fenced) runs nothing.
+            await self.session.flush()
             async with trio.open_nursery() as nursery:
-                for index, call in enumerate(calls):
-                    nursery.start_soon(run_one, index, call)
+                for index, event in enumerate(logged):
+                    nursery.start_soon(run_one, index, ToolInvocation.of(self.session.id, event))
         finally:
             # Every call gets a result, even when cancelled, so the log never
             # holds a tool call the provider would reject as unanswered.

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from actors.agent.tool_call import ToolInvocation
 from actors.agent.validation import (
     INVALID_ARGUMENTS,
     INVALID_ARGUMENTS_CODE,
@@ -19,13 +20,14 @@ from actors.agent.validation import (
 )
 from actors.containment import uncontained_part
 from actors.prompt.types import AssembleContext, ToolProviderResult, ToolSchema
-from actors.session.events import ToolCallRequested, ToolError, ToolResult
+from actors.session.events import ToolError, ToolResult
 
-ToolExecute = Callable[[dict[str, Any] | str, ToolCallRequested], Awaitable[str]]
+ToolExecute = Callable[[dict[str, Any] | str, ToolInvocation], Awaitable[str]]
 """`async def execute(arguments, call) -> str`. When the registry runs a tool,
 `arguments` is always the parsed JSON object, already validated against the
 tool's `parameters` (the `str` alternative stays for callers that call
-`execute` themselves)."""
+`execute` themselves), and `call` is the `ToolInvocation`: the logged
+`tool/call` event with its `idempotency_key`."""
 
 
 class ToolRegistryError(ValueError):
@@ -38,7 +40,10 @@ class Tool:
 
     `parameters` is the JSON Schema of the arguments object;
     `async def execute(arguments: dict | str, call) -> str` runs a call,
-    where `call` is the `tool/call` event. Before `execute` runs, the
+    where `call` is the `ToolInvocation`: the `tool/call` event with its
+    `idempotency_key`, `(session_id, seq)` of that logged event, the same
+    for every execution of that call (pass it on to whatever the tool
+    changes outside the log, so a repeated execution is recognised). Before `execute` runs, the
     arguments are validated against `parameters`: a call whose arguments
     are not a JSON object or do not match gets an error `tool/result`
     (`error.name` "InvalidArguments", code "invalid_arguments") saying which
@@ -188,8 +193,10 @@ class ToolRegistry:
         """Tool-schema provider: every registered tool is visible."""
         return self._result
 
-    async def run(self, call: ToolCallRequested) -> ToolResult:
+    async def run(self, call: ToolInvocation) -> ToolResult:
         """Execute `call`; an unknown tool, bad arguments or a raising tool give an error result.
+
+        The tool's `execute` receives `call` itself, idempotency key included.
 
         Invalid arguments never reach `execute`.
 

@@ -1,10 +1,11 @@
 """`SQLiteStore`: the embedded, durable session store (SQLite in WAL mode, group commit).
 
-One writer actor (`serve`) owns the write connection. `append` hands events
-to it over a bounded memory channel; when the channel is full the appender
-blocks (backpressure). The writer drains everything pending, commits it in
-one transaction in a worker thread, then wakes every `flush()` waiter whose
-appends are now durable. `create`, `exists`, `load`, `list_sessions` and the
+One writer actor (`serve`, the group committer of
+`actors/session/group_commit.py`) owns the write connection. `append` hands
+events to it over a bounded memory channel; when the channel is full the
+appender blocks (backpressure). The writer drains everything pending,
+commits it in one transaction in a worker thread, then wakes every
+`flush()` waiter whose appends are now durable. `create`, `exists`, `load`, `list_sessions` and the
 lease calls open a short-lived connection of their own per call in a worker
 thread, so no connection is ever used by two threads at once.
 
@@ -31,41 +32,39 @@ a trace, and a page replaced by an older valid copy of itself reads as valid.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import Literal
 
 import attrs
 import trio
 
-from actors.latency import LatencySummary, LatencyWindow
 from actors.session.checksum import event_checksum
-from actors.session.codec import event_from_json, event_to_json
-from actors.session.durability import DurableMarks
+from actors.session.codec import event_from_json
 from actors.session.errors import SessionError
 from actors.session.events import Event
+from actors.session.group_commit import (
+    DEFAULT_MAX_PENDING_APPENDS,
+    DEFAULT_SHUTDOWN_GRACE_SECONDS,
+    GroupCommitter,
+    Refusal,
+    SessionRows,
+    WriterLink,
+    WriterStatistics,
+    refusal,
+)
 from actors.session.lease import (
     DEFAULT_LEASE_TTL_SECONDS,
     Lease,
     SessionBusyError,
-    SessionFencedError,
     WallClockMs,
     default_owner,
     describe_holder,
     wall_clock_ms,
 )
 from actors.session.store import SessionExistsError, UnknownSessionError
-
-DEFAULT_MAX_PENDING_APPENDS = 1024
-"""Appends the writer's channel buffers before `append` blocks."""
-
-DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
-"""How long a cancelled writer keeps trying to commit what it already accepted."""
 
 BUSY_TIMEOUT_MS = 5_000
 """How long a connection waits for another connection's write lock before failing."""
@@ -90,64 +89,10 @@ CREATE TABLE IF NOT EXISTS leases (
 ) WITHOUT ROWID;
 """
 
-_Row = tuple[str, int, str, int]
-"""`(session_id, seq, event JSON text, checksum)`: one row of the events table."""
-
-_Refusal = tuple[Literal["fenced", "busy", "conflict"], str, str]
-"""Why a commit refused a session: the kind, a sentence, and the holder (or "")."""
-
 
 @attrs.frozen(kw_only=True)
-class SQLiteStoreStatistics:
-    """A snapshot of a `SQLiteStore`'s writer.
-
-    Attributes:
-        pending_appends: accepted appends not yet committed (nor failed).
-        blocked_appenders: tasks waiting in `append` for room in the full channel.
-        failed_appends: accepted appends that were refused or whose commit failed.
-        broken_sessions: sessions this store refuses to write (a failed or
-            fenced append) until their lease is acquired again.
-        leases_held: write leases this store object holds and renews.
-        renewal_failures: lease renewals that could not be written (each is
-            retried at the next period; a lease that expires meanwhile can
-            be taken over, and fencing then refuses this store's writes).
-        commits: transactions committed by the writer.
-        events_written: events committed by the writer.
-        largest_batch: the most appends committed in one transaction.
-        commit_latency: how long the recent commits' transactions took (the
-            last 1,024, bounded memory).
-    """
-
-    pending_appends: int
-    blocked_appenders: int
-    failed_appends: int
-    broken_sessions: int
-    leases_held: int
-    renewal_failures: int
-    commits: int
-    events_written: int
-    largest_batch: int
-    commit_latency: LatencySummary
-
-
-@attrs.define(eq=False)
-class _Append:
-    """One accepted `append` call; `done` is set once it is committed or has failed."""
-
-    session_id: str
-    epoch: int | None
-    rows: list[_Row]
-    done: trio.Event = attrs.field(factory=trio.Event)
-    error: SessionError | None = None
-
-
-@attrs.frozen(kw_only=True)
-class _Group:
-    """One session's share of a batch, as the commit thread sees it."""
-
-    session_id: str
-    epoch: int | None
-    rows: list[_Row]
+class SQLiteStoreStatistics(WriterStatistics):
+    """A snapshot of a `SQLiteStore`'s writer (the fields of `WriterStatistics`)."""
 
 
 @attrs.define(eq=False)
@@ -183,25 +128,20 @@ class SQLiteStore:
         default=DEFAULT_LEASE_TTL_SECONDS, kw_only=True, validator=attrs.validators.gt(0)
     )
     wall_clock: WallClockMs = attrs.field(default=wall_clock_ms, kw_only=True)
-    _send: trio.MemorySendChannel[_Append | None] | None = attrs.field(default=None, init=False)
-    _serving: bool = attrs.field(default=False, init=False)
     _schema_ready: bool = attrs.field(default=False, init=False)
-    _next_seq: dict[str, int] = attrs.field(factory=dict, init=False)
-    _unconfirmed: set[_Append] = attrs.field(factory=set, init=False)
-    _broken: dict[str, SessionError] = attrs.field(factory=dict, init=False)
-    _held: dict[str, Lease] = attrs.field(factory=dict, init=False)
-    _failed_appends: int = attrs.field(default=0, init=False)
-    _renewal_failures: int = attrs.field(default=0, init=False)
-    _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
-    _commits: int = attrs.field(default=0, init=False)
-    _events_written: int = attrs.field(default=0, init=False)
-    _largest_batch: int = attrs.field(default=0, init=False)
-    _commit_latency: LatencyWindow = attrs.field(factory=LatencyWindow, init=False)
+    _writer: GroupCommitter = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._writer = GroupCommitter(
+            self._label,
+            self._stored_next_seq,
+            self,
+        )
 
     @property
     def running(self) -> bool:
         """True while the writer accepts appends (from `serve`'s start until its shutdown)."""
-        return self._send is not None
+        return self._writer.running
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the writer until cancelled; `task_status.started()` once appends are accepted.
@@ -227,16 +167,7 @@ class SQLiteStore:
                 the message names the store and the sessions and seqs that
                 are not durable.
         """
-        if self._serving:
-            raise SessionError(f"{self._label}: serve() is already running; one writer per store")
-        self._serving = True
-        try:
-            connection = await trio.to_thread.run_sync(self._connect)
-            send, receive = trio.open_memory_channel[_Append | None](self.max_pending_appends)
-            self._send = send
-            await self._write_until_cancelled(connection, receive, task_status)
-        finally:
-            self._serving = False
+        await self._writer.serve(self._open_writer, task_status=task_status)
 
     async def create(self, session_id: str) -> None:
         """Register a new, empty session; it is durable when this returns.
@@ -249,7 +180,7 @@ class SQLiteStore:
             SessionError: the database cannot be opened or written.
         """
         await trio.to_thread.run_sync(self._insert_session, session_id)
-        self._next_seq[session_id] = 0
+        self._writer.session_created(session_id)
 
     async def exists(self, session_id: str) -> bool:
         """True when the store holds `session_id`.
@@ -278,7 +209,7 @@ class SQLiteStore:
                 session and seq), an accepted append failed, or the database
                 cannot be read (a damaged file: the message names it).
         """
-        await self._wait_durable(session_id)
+        await self._writer.flush(session_id)
         rows = await trio.to_thread.run_sync(self._select_events, session_id)
         events: list[Event] = []
         for expected, (seq, text, checksum) in enumerate(rows):
@@ -290,8 +221,7 @@ class SQLiteStore:
                     f"{where}: stored event seq {seq} fails its checksum (the file is damaged)"
                 )
             events.append(_decode(where, seq, text))
-        self._next_seq.setdefault(session_id, len(events))
-        self._marks.advance(session_id, len(events) - 1)
+        self._writer.session_loaded(session_id, len(events))
         return events
 
     async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
@@ -312,15 +242,7 @@ class SQLiteStore:
         lease = await trio.to_thread.run_sync(
             self._take_lease, session_id, owner or default_owner()
         )
-        self._held[session_id] = lease
-        self._next_seq.pop(session_id, None)
-        self._broken.pop(session_id, None)
-        self._marks.recover(session_id)
-        if self._send is not None:
-            # Wake a writer that waits without a renewal deadline; a full
-            # channel means it is busy and will see the lease anyway.
-            with contextlib.suppress(trio.WouldBlock):
-                self._send.send_nowait(None)
+        self._writer.lease_taken(lease)
         return lease
 
     async def release_lease(self, lease: Lease) -> None:
@@ -334,8 +256,7 @@ class SQLiteStore:
         Raises:
             SessionError: the database cannot be opened or written.
         """
-        if self._held.get(lease.session_id) == lease:
-            del self._held[lease.session_id]
+        self._writer.lease_released(lease)
         await trio.to_thread.run_sync(self._drop_lease, lease)
 
     async def append(
@@ -343,73 +264,19 @@ class SQLiteStore:
     ) -> None:
         """Hand `events` (contiguous seqs, continuing the session) to the writer.
 
-        Returns once the writer accepted them, usually before they are
-        durable: call `flush()` for that. A full channel blocks the caller
-        until the writer takes a batch (backpressure). Appends to one session
-        must not overlap (as with `Session`, which appends one at a time).
-        The commit refuses them if `lease` was taken over by then (or, with
-        no lease, if someone holds a live one).
-
-        Cancellation: before the writer accepted the events, cancellation
-        leaves the store unchanged and the same seqs may be appended again;
-        after, the events are committed like any other.
-
-        Raises:
-            SessionFencedError: `lease` is no longer this store's lease on the
-                session (released, or taken over by another writer).
-            SessionBusyError: no `lease` was given but this store holds one.
-            SessionError: the writer is not running (start it with
-                `await nursery.start(store.serve)`), the session is broken by
-                an earlier failed append, a seq does not continue the
-                session, or an event cannot be written as JSON.
-            UnknownSessionError: the store has no such session.
+        The contract of `GroupCommitter.append`: returns once the writer
+        accepted them (a full channel blocks: backpressure), usually before
+        they are durable (`flush()`); refused if `lease` was taken over.
         """
-        self._writer_channel(session_id)
-        self._check_writable(session_id, lease)
-        start = await self._expected_seq(session_id)
-        send = self._writer_channel(session_id)
-        self._check_writable(session_id, lease)
-        if not events:
-            await trio.lowlevel.checkpoint()
-            return
-        request = _Append(
-            session_id=session_id,
-            epoch=None if lease is None else lease.epoch,
-            rows=_encode(session_id, start, events),
-        )
-        end = start + len(events)
-        self._next_seq[session_id] = end
-        accepted = False
-        try:
-            await send.send(request)
-            accepted = True
-        except trio.BrokenResourceError:
-            raise SessionError(
-                f"{self._label} stopped before accepting session {session_id!r} "
-                f"seq {start}..{end - 1}"
-            ) from None
-        finally:
-            if not accepted and self._next_seq.get(session_id) == end:
-                self._next_seq[session_id] = start
-        if not request.done.is_set():
-            self._unconfirmed.add(request)
+        await self._writer.append(session_id, events, lease)
 
     async def flush(self, session_id: str | None = None) -> None:
         """Return once every append accepted before this call is durable.
 
-        With `session_id`, waits for that session's appends only, and raises
-        only for that session. Waiters are woken by the commit that makes
-        their appends durable; with nothing pending this returns at once.
-
-        Cancellation: abandons the wait; the appends are committed regardless.
-
-        Raises:
-            SessionFencedError: the session's lease was taken over.
-            SessionError: an accepted append was not committed (a refused or
-                failed commit, or a missed shutdown grace); the message names
-                the store, the sessions and the seqs.
+        The contract of `GroupCommitter.flush`: with `session_id`, waits for
+        and raises for that session only.
         """
-        await self._wait_durable(session_id)
+        await self._writer.flush(session_id)
 
     async def list_sessions(self) -> list[str]:
         """Ids of every stored session, in creation order.
@@ -423,249 +290,26 @@ class SQLiteStore:
 
     def durable_seq(self, session_id: str) -> int:
         """The newest seq of `session_id` committed or loaded by this store; -1 when none."""
-        return self._marks.seq(session_id)
+        return self._writer.durable_seq(session_id)
 
     async def wait_durable(self, session_id: str, seq: int) -> None:
-        """Return once the writer committed `seq` of `session_id`.
-
-        Woken by the commit itself (no polling). Cancellation: cancellable;
-        the append is committed regardless.
-
-        Raises:
-            SessionError: an accepted append of the session failed to commit.
-        """
-        await self._marks.wait(session_id, seq)
+        """Return once the writer committed `seq` of `session_id` (as `GroupCommitter`'s)."""
+        await self._writer.wait_durable(session_id, seq)
 
     def statistics(self) -> SQLiteStoreStatistics:
         """The writer's queue, lease and commit counters, now."""
-        send = self._send
-        return SQLiteStoreStatistics(
-            pending_appends=sum(1 for r in self._unconfirmed if not r.done.is_set()),
-            blocked_appenders=0 if send is None else send.statistics().tasks_waiting_send,
-            failed_appends=self._failed_appends,
-            broken_sessions=len(self._broken),
-            leases_held=len(self._held),
-            renewal_failures=self._renewal_failures,
-            commits=self._commits,
-            events_written=self._events_written,
-            largest_batch=self._largest_batch,
-            commit_latency=self._commit_latency.summary(),
-        )
+        return SQLiteStoreStatistics(**attrs.asdict(self._writer.statistics(), recurse=False))
 
     @property
     def _label(self) -> str:
         return f"SQLite store {str(self.path)!r}"
 
-    def _writer_channel(self, session_id: str) -> trio.MemorySendChannel[_Append | None]:
-        send = self._send
-        if send is None:
-            raise SessionError(
-                f"{self._label} is not running; start it with `await nursery.start(store.serve)` "
-                f"before appending to session {session_id!r}"
-            )
-        return send
+    async def _open_writer(self) -> WriterLink:
+        connection = await trio.to_thread.run_sync(self._connect)
+        return _WriterConnection(connection=connection, store=self)
 
-    def _check_writable(self, session_id: str, lease: Lease | None) -> None:
-        broken = self._broken.get(session_id)
-        if broken is not None:
-            raise broken.with_traceback(None)
-        held = self._held.get(session_id)
-        if lease is not None and held != lease:
-            raise SessionFencedError(
-                f"{self._label}: session {session_id!r}: the write lease of epoch "
-                f"{lease.epoch} is no longer held by this store (released or taken over)",
-                session_id=session_id,
-                epoch=lease.epoch,
-            )
-        if lease is None and held is not None:
-            raise SessionBusyError(
-                f"{self._label}: session {session_id!r} is busy: this store holds its write "
-                f"lease for {held.owner} (epoch {held.epoch}); write through that lease",
-                session_id=session_id,
-                holder=held.owner,
-            )
-
-    async def _wait_durable(self, session_id: str | None) -> None:
-        """Wait for the pending appends (of `session_id`, or all); raise if any session broke."""
-        pending = [r for r in self._unconfirmed if session_id is None or r.session_id == session_id]
-        waited = False
-        for request in pending:
-            if not request.done.is_set():
-                await request.done.wait()
-                waited = True
-        if not waited:
-            await trio.lowlevel.checkpoint()
-        if session_id is not None:
-            broken = self._broken.get(session_id)
-            if broken is not None:
-                raise broken.with_traceback(None)
-        elif self._broken:
-            first = next(iter(self._broken.values()))
-            raise SessionError(
-                f"{self._label}: {len(self._broken)} session(s) hold accepted appends that are "
-                f"not durable; first failure: {first}"
-            ) from first
-
-    # The writer actor.
-
-    async def _write_until_cancelled(
-        self,
-        connection: sqlite3.Connection,
-        receive: trio.MemoryReceiveChannel[_Append | None],
-        task_status: trio.TaskStatus[None],
-    ) -> None:
-        # The channel carries appends, and None when a lease was taken (so a
-        # writer waiting without a renewal deadline sets one).
-        renew_every = self.lease_ttl / 3
-        next_renewal = trio.current_time() + renew_every
-        try:
-            task_status.started()
-            while True:
-                with trio.move_on_at(next_renewal if self._held else math.inf):
-                    first = await receive.receive()
-                    batch = [r for r in (first, *_drain(receive)) if r is not None]
-                    # A taken batch is always written: the thread cannot be
-                    # interrupted anyway, and dropping it would lose accepted events.
-                    if batch:
-                        with trio.CancelScope(shield=True):
-                            await self._commit(connection, batch)
-                if self._held and trio.current_time() >= next_renewal:
-                    with trio.CancelScope(shield=True):
-                        await self._renew(connection)
-                    next_renewal = trio.current_time() + renew_every
-        finally:
-            # Stop accepting first: taking what is left also admits the
-            # appenders blocked on the full channel, and closing makes later
-            # sends fail instead of queueing events nobody will write.
-            leftover = _drain(receive)
-            receive.close()
-            self._send = None
-            await self._commit_at_shutdown(connection, leftover)
-
-    async def _commit(self, connection: sqlite3.Connection, batch: list[_Append]) -> None:
-        """Write `batch` in one transaction and resolve its appends, session by session."""
-        started = trio.current_time()
-        try:
-            refusals = await trio.to_thread.run_sync(
-                _insert_batch, connection, _groups_of(batch), self.wall_clock()
-            )
-            self._commit_latency.record(trio.current_time() - started)
-        except sqlite3.Error as exc:
-            error = SessionError(f"{self._label}: could not commit {_describe(batch)}: {exc}")
-            error.__cause__ = exc
-            self._resolve(batch, {request.session_id: error for request in batch})
-            return
-        self._resolve(
-            batch, {sid: self._refusal_error(sid, batch, r) for sid, r in refusals.items()}
-        )
-
-    def _refusal_error(
-        self, session_id: str, batch: list[_Append], refusal: _Refusal
-    ) -> SessionError:
-        kind, reason, holder = refusal
-        requests = [request for request in batch if request.session_id == session_id]
-        message = f"{self._label}: refused {_describe(requests)}: {reason}"
-        if kind == "fenced":
-            epoch = requests[0].epoch
-            return SessionFencedError(message, session_id=session_id, epoch=epoch or 0)
-        if kind == "busy":
-            return SessionBusyError(message, session_id=session_id, holder=holder)
-        return SessionError(message)
-
-    async def _commit_at_shutdown(
-        self, connection: sqlite3.Connection, batch: list[_Append]
-    ) -> None:
-        """Commit `batch` and close the connection, shielded and bounded by `shutdown_grace`.
-
-        When the grace runs out the worker thread is abandoned: it finishes
-        (or fails) on its own and closes the connection itself, so the
-        connection is never used by two threads.
-        """
-        errors: dict[str, SessionError] = {}
-        failure: SessionError | None = None
-        with trio.move_on_after(self.shutdown_grace, shield=True) as grace:
-            try:
-                refusals = await trio.to_thread.run_sync(
-                    _insert_batch_and_close,
-                    connection,
-                    _groups_of(batch),
-                    self.wall_clock(),
-                    abandon_on_cancel=True,
-                )
-            except sqlite3.Error as exc:
-                failure = SessionError(
-                    f"{self._label}: could not commit {_describe(batch)} at shutdown: {exc}"
-                )
-                failure.__cause__ = exc
-            else:
-                errors = {sid: self._refusal_error(sid, batch, r) for sid, r in refusals.items()}
-        if grace.cancelled_caught and batch:
-            failure = SessionError(
-                f"{self._label}: committing {_describe(batch)} at shutdown took longer than "
-                f"{self.shutdown_grace} s; they may not be durable"
-            )
-        if failure is not None:
-            errors = {request.session_id: failure for request in batch}
-        self._resolve(batch, errors)
-        if failure is not None:
-            raise failure
-
-    def _resolve(self, batch: list[_Append], errors: dict[str, SessionError]) -> None:
-        """Mark `batch` committed (or failed per `errors`) and wake the flushes waiting on it."""
-        committed = 0
-        for request in batch:
-            error = errors.get(request.session_id)
-            request.error = error
-            request.done.set()
-            self._unconfirmed.discard(request)
-            if error is None:
-                committed += 1
-                self._events_written += len(request.rows)
-                if request.rows:
-                    self._marks.advance(request.session_id, request.rows[-1][1])
-            else:
-                self._failed_appends += 1
-                self._broken.setdefault(request.session_id, error)
-                self._marks.fail(request.session_id, error)
-        if committed:
-            self._commits += 1
-            self._largest_batch = max(self._largest_batch, committed)
-
-    async def _renew(self, connection: sqlite3.Connection) -> None:
-        """Extend every held lease; a lease found taken over breaks its session here.
-
-        A renewal that cannot be written (the file is locked for longer than
-        the busy timeout, or damaged) is retried at the next period: missing
-        renewals can only let another writer take over, and fencing refuses
-        this store's writes from then on.
-        """
-        held = list(self._held.values())
-        expires_ms = self.wall_clock() + round(self.lease_ttl * 1000)
-        try:
-            lost = await trio.to_thread.run_sync(_renew_leases, connection, held, expires_ms)
-        except sqlite3.Error:
-            self._renewal_failures += 1
-            return
-        for lease in lost:
-            if self._held.get(lease.session_id) == lease:
-                del self._held[lease.session_id]
-                self._broken.setdefault(
-                    lease.session_id,
-                    SessionFencedError(
-                        f"{self._label}: session {lease.session_id!r}: the write lease of epoch "
-                        f"{lease.epoch} was taken over by another writer; this store's writes "
-                        "to it are refused",
-                        session_id=lease.session_id,
-                        epoch=lease.epoch,
-                    ),
-                )
-
-    async def _expected_seq(self, session_id: str) -> int:
-        """The seq the next event of `session_id` must have, counting accepted appends."""
-        if session_id not in self._next_seq:
-            stored = await trio.to_thread.run_sync(self._select_next_seq, session_id)
-            self._next_seq.setdefault(session_id, stored)
-        return self._next_seq[session_id]
+    async def _stored_next_seq(self, session_id: str) -> int:
+        return await trio.to_thread.run_sync(self._select_next_seq, session_id)
 
     # Blocking database work; each runs in a worker thread on its own connection.
 
@@ -795,6 +439,39 @@ class SQLiteStore:
             )
 
 
+@attrs.define(eq=False)
+class _WriterConnection:
+    """The writer's own connection to the file, driven by the group committer."""
+
+    connection: sqlite3.Connection
+    store: SQLiteStore
+
+    @property
+    def failures(self) -> tuple[type[Exception], ...]:
+        return (sqlite3.Error,)
+
+    async def prepare(self) -> None:
+        """Nothing to do: a SQLite connection does not break between commits."""
+
+    async def commit(self, groups: list[SessionRows]) -> dict[str, Refusal]:
+        return await trio.to_thread.run_sync(
+            _insert_batch, self.connection, groups, self.store.wall_clock()
+        )
+
+    async def renew(self, leases: list[Lease]) -> list[Lease]:
+        expires_ms = self.store.wall_clock() + round(self.store.lease_ttl * 1000)
+        return await trio.to_thread.run_sync(_renew_leases, self.connection, leases, expires_ms)
+
+    async def commit_and_close(self, groups: list[SessionRows]) -> dict[str, Refusal]:
+        return await trio.to_thread.run_sync(
+            _insert_batch_and_close,
+            self.connection,
+            groups,
+            self.store.wall_clock(),
+            abandon_on_cancel=True,
+        )
+
+
 def _has_session(connection: sqlite3.Connection, session_id: str) -> bool:
     row = connection.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
     return row is not None
@@ -832,55 +509,25 @@ def _add_checksums(connection: sqlite3.Connection) -> None:
         raise
 
 
-def _refusal(connection: sqlite3.Connection, group: _Group, now_ms: int) -> _Refusal | None:
-    """Why `group` may not be committed now (the lease, then the seq check), or None."""
-    row = _lease_row(connection, group.session_id)
-    if group.epoch is not None:
-        if row is None or row[1] != group.epoch or row[0] is None:
-            if row is None or row[0] is None:
-                now_held = "nobody holds it now"
-            else:
-                now_held = f"it is held by {describe_holder(row[0], row[1], row[2], now_ms)}"
-            return (
-                "fenced",
-                f"the write lease of epoch {group.epoch} was taken over or released ({now_held})",
-                "" if row is None or row[0] is None else row[0],
-            )
-    elif row is not None and row[0] is not None and row[2] > now_ms:
-        return (
-            "busy",
-            f"another live writer holds the session: "
-            f"{describe_holder(row[0], row[1], row[2], now_ms)}",
-            row[0],
-        )
-    stored = _next_stored_seq(connection, group.session_id)
-    first = group.rows[0][1]
-    if stored != first:
-        return (
-            "conflict",
-            f"the store's next seq for the session is {stored}, not {first} "
-            "(another writer appended to it)",
-            "",
-        )
-    return None
-
-
 def _insert_batch(
-    connection: sqlite3.Connection, groups: list[_Group], now_ms: int
-) -> dict[str, _Refusal]:
+    connection: sqlite3.Connection, groups: list[SessionRows], now_ms: int
+) -> dict[str, Refusal]:
     """Insert every admissible group in one immediate transaction; the refused ones, by session.
 
     The lease and seq checks run inside the transaction that holds the
     file's write lock, so nothing can change between a check and the insert.
     Any database error rolls the whole transaction back and propagates.
     """
-    refused: dict[str, _Refusal] = {}
+    refused: dict[str, Refusal] = {}
     connection.execute("BEGIN IMMEDIATE")
     try:
         for group in groups:
-            refusal = _refusal(connection, group, now_ms)
-            if refusal is not None:
-                refused[group.session_id] = refusal
+            row = _lease_row(connection, group.session_id)
+            lease = None if row is None else (*row, now_ms)
+            stored = _next_stored_seq(connection, group.session_id)
+            why = refusal(group, lease, stored)
+            if why is not None:
+                refused[group.session_id] = why
                 continue
             connection.executemany(
                 "INSERT INTO events (session_id, seq, event, checksum) VALUES (?, ?, ?, ?)",
@@ -894,8 +541,8 @@ def _insert_batch(
 
 
 def _insert_batch_and_close(
-    connection: sqlite3.Connection, groups: list[_Group], now_ms: int
-) -> dict[str, _Refusal]:
+    connection: sqlite3.Connection, groups: list[SessionRows], now_ms: int
+) -> dict[str, Refusal]:
     with closing(connection):
         return _insert_batch(connection, groups, now_ms) if groups else {}
 
@@ -922,51 +569,6 @@ def _renew_leases(
     return lost
 
 
-def _groups_of(batch: Iterable[_Append]) -> list[_Group]:
-    """The batch's rows per session, in first-append order (a session's appends are contiguous)."""
-    groups: dict[str, _Group] = {}
-    for request in batch:
-        group = groups.get(request.session_id)
-        if group is None:
-            groups[request.session_id] = _Group(
-                session_id=request.session_id, epoch=request.epoch, rows=list(request.rows)
-            )
-        else:
-            group.rows.extend(request.rows)
-    return list(groups.values())
-
-
-def _drain(receive: trio.MemoryReceiveChannel[_Append | None]) -> list[_Append]:
-    """Every append the channel holds now, including those of blocked senders."""
-    taken: list[_Append] = []
-    while True:
-        try:
-            request = receive.receive_nowait()
-        except trio.WouldBlock:
-            return taken
-        if request is not None:
-            taken.append(request)
-
-
-def _encode(session_id: str, start: int, events: Sequence[Event]) -> list[_Row]:
-    rows: list[_Row] = []
-    for expected, event in enumerate(events, start):
-        if event.seq != expected:
-            raise SessionError(
-                f"session {session_id!r}: event {event.type} has seq {event.seq}, "
-                f"expected {expected}"
-            )
-        try:
-            text = json.dumps(event_to_json(event), separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise SessionError(
-                f"session {session_id!r}: event seq {event.seq} ({event.type}) "
-                f"cannot be stored as JSON: {exc}"
-            ) from exc
-        rows.append((session_id, event.seq, text, event_checksum(session_id, event.seq, text)))
-    return rows
-
-
 def _decode(where: str, seq: int, text: str) -> Event:
     try:
         return event_from_json(json.loads(text))
@@ -974,15 +576,3 @@ def _decode(where: str, seq: int, text: str) -> Event:
         raise SessionError(f"{where}: stored event seq {seq} is not valid JSON: {exc}") from exc
     except SessionError as exc:
         raise type(exc)(f"{where}: {exc}") from exc
-
-
-def _describe(batch: Iterable[_Append]) -> str:
-    """`session 'a' seq 3..5, session 'b' seq 0..0`: what a batch holds, per session."""
-    spans: dict[str, tuple[int, int]] = {}
-    for request in batch:
-        for session_id, seq, _, _ in request.rows:
-            low, high = spans.get(session_id, (seq, seq))
-            spans[session_id] = (min(low, seq), max(high, seq))
-    if not spans:
-        return "no events"
-    return ", ".join(f"session {sid!r} seq {low}..{high}" for sid, (low, high) in spans.items())

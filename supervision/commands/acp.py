@@ -60,9 +60,10 @@ async def serve_stdio(
             port=0,
         )
         principal = Principal(token=Token(secret=secrets.token_urlsafe(24), name="stdio"))
-        await gateway.run_connection(
-            StdioTransport(stdin=stdin, stdout=stdout), principal, answer_after_eof=True
-        )
+        async with gateway.running():
+            await gateway.run_connection(
+                StdioTransport(stdin=stdin, stdout=stdout), principal, answer_after_eof=True
+            )
 
 
 def acp_command(args: argparse.Namespace) -> int:

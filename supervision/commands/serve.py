@@ -16,15 +16,12 @@ import argparse
 import os
 import secrets
 import signal
-from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 
 import trio
 
 from actors.agent import Agent
-from actors.scope import Registration
-from actors.session.events import TurnEnd, TurnStart
 from supervision.commands.common import (
     EXIT_OK,
     CommandError,
@@ -32,10 +29,9 @@ from supervision.commands.common import (
     add_config_options,
     config_of,
 )
-from supervision.config import DeploymentConfig, Environment
+from supervision.config import DeploymentConfig, Environment, resolve_environment
 from supervision.deployment import Deployment, open_deployment
 from supervision.gateway import AgentProfile, Gateway, GatewayError, Token, serve_gateway
-from supervision.gateway.sessions import SessionDirectory
 
 STATIC_DIR = Path(str(files("supervision.gateway") / "static"))
 """The dashboard's files, served at `/`."""
@@ -77,61 +73,19 @@ def tokens_of(
     return tokens, generated
 
 
-def profiles_of(
-    deployment: Deployment, on_start: Callable[[Agent], None] | None = None
-) -> dict[str, AgentProfile]:
-    """The gateway profiles of the deployment's agent profiles.
-
-    `on_start(agent)` runs after each agent's (and subagent's) own setup.
-    """
-
-    def also(setup: Callable[[Agent], None]) -> Callable[[Agent], None]:
-        if on_start is None:
-            return setup
-
-        def both(agent: Agent) -> None:
-            setup(agent)
-            on_start(agent)
-
-        return both
-
+def profiles_of(deployment: Deployment) -> dict[str, AgentProfile]:
+    """The gateway profiles of the deployment's agent profiles."""
     profiles = {}
     for name in deployment.config.agents:
         spec = deployment.spec(name)
         profiles[name] = AgentProfile(
             options=spec.options,
             tools=spec.tools,
-            setup=also(spec.setup),
+            setup=spec.setup,
             subagents=spec.subagents,
-            child_setup=also(spec.child_setup),
+            child_setup=spec.child_setup,
         )
     return profiles
-
-
-class StatusRelay:
-    """Announces each running agent's status changes (`turn/start`, `turn/end`) to the gateway.
-
-    One follower task per agent, in the nursery of `harness serve`, reading
-    the agent's durable log through `Session.watch()` (so the agent never
-    waits for it); it ends when the agent's scope closes.
-    """
-
-    def __init__(self, nursery: trio.Nursery) -> None:
-        self.nursery = nursery
-        self.directory: SessionDirectory | None = None
-
-    def follow(self, agent: Agent) -> None:
-        """Start following `agent` (a no-op until the gateway runs, or once the agent ended)."""
-        if self.directory is not None and not agent.scope.closed:
-            self.nursery.start_soon(self._follow, self.directory, agent)
-
-    async def _follow(self, directory: SessionDirectory, agent: Agent) -> None:
-        with trio.CancelScope() as scope:
-            agent.scope.own(Registration(remove=scope.cancel))
-            async with agent.session.watch() as events:
-                async for event in events:
-                    if isinstance(event.data, TurnStart | TurnEnd):
-                        directory.announce_status(agent.session.id)
 
 
 async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
@@ -143,13 +97,15 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
     """
     host = args.host or config.gateway.host
     port = config.gateway.port if args.port is None else args.port
+    if config.cluster is not None:
+        await serve_cluster(args, config, host, port)
+        return
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_deployment(config, store_path=args.store) as deployment:
             tokens, generated = tokens_of(
                 config, deployment.environment, args.token or os.environ.get("HARNESS_TOKEN")
             )
             async with trio.open_nursery() as nursery:
-                relay = StatusRelay(nursery)
                 try:
                     gateway: Gateway = await nursery.start(
                         lambda task_status: serve_gateway(
@@ -157,7 +113,7 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
                             host=host,
                             port=port,
                             tokens=tokens,
-                            profiles=profiles_of(deployment, relay.follow),
+                            profiles=profiles_of(deployment),
                             origins=config.gateway.origins,
                             static_dir=STATIC_DIR,
                             task_status=task_status,
@@ -168,7 +124,6 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
                         f"{exc}; pick another with --port (0: any free one)"
                     ) from exc
                 directory = gateway.directory
-                relay.directory = directory
 
                 def adopt(child: Agent, parent: str, profile: str) -> None:
                     directory.adopt(child, agent=profile, parent=parent)
@@ -181,6 +136,45 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
                 async for _ in signals:
                     nursery.cancel_scope.cancel()
                     break
+
+
+async def serve_cluster(
+    args: argparse.Namespace, config: DeploymentConfig, host: str, port: int
+) -> None:
+    """The cluster mode (`[cluster]` in the config): route to the nodes, host no sessions.
+
+    Raises:
+        ConfigError: a secret the config names is not set.
+        CommandError: the address cannot be bound.
+    """
+    from supervision.cluster.router_serve import serve_cluster_gateway
+
+    environment = resolve_environment(config)
+    tokens, generated = tokens_of(
+        config, environment, args.token or os.environ.get("HARNESS_TOKEN")
+    )
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            try:
+                gateway: Gateway = await nursery.start(
+                    lambda task_status: serve_cluster_gateway(
+                        config,
+                        host=host,
+                        port=port,
+                        tokens=tokens,
+                        static_dir=STATIC_DIR,
+                        task_status=task_status,
+                    )
+                )
+            except GatewayError as exc:
+                raise CommandError(f"{exc}; pick another with --port (0: any free one)") from exc
+            print(f"gateway {gateway.url}", flush=True)
+            print(f"dashboard http://{gateway.host}:{gateway.port}/", flush=True)
+            if generated is not None:
+                print(f"token {generated}", flush=True)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
 
 
 def serve_command(args: argparse.Namespace) -> int:

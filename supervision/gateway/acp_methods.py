@@ -157,7 +157,7 @@ async def cancel(params: SessionRef, call: Call) -> None:
         agent.cancel(keep_inbox=True)
     pending = call.connection.prompts.get(params.session_id)
     if pending is not None:
-        frames = pending.cancel_if_waiting()
+        frames = pending.cancel_if_waiting(call.connection.transport.framing)
         if frames:
             await call.connection.outbox.put_log(frames)
 

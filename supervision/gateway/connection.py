@@ -9,14 +9,21 @@ functions of params and a `Call`) never touch the transport.
   stays open. Requests run in worker tasks, at most `max_inflight` at once
   (-33003 `overloaded` beyond); a duplicate in-flight id is -32600. So the
   reader never blocks on a handler.
-- The **writer** drains the `Outbox` (replies first, then cursor batches);
-  each write runs under the write deadline, and a write that stalls past it
+- The **writer** drains the `Outbox` (replies first, then cursor batches),
+  letting log frames gather for up to 2 ms (`LOG_LINGER_SECONDS`) so one
+  write carries many; each write runs under the write deadline, and a write that stalls past it
   closes the connection with **4008** (aborting it where even the close
   frame cannot be written).
-- Each **cursor** (log subscription, prompt, load replay) has a follow task
-  that waits until its next seq is durable, reads the durable events from
-  there and queues their frames; a full outbox blocks only that task.
-  Agents never wait on a connection.
+- Each **cursor** (prompt, load replay, a log subscription catching up) has
+  a follow task that waits until its next seq is durable, reads the durable
+  events from there and queues their frames; a full outbox blocks only that
+  task. A log subscription at the durable head instead joins the session's
+  fan-out (`supervision.gateway.fanout`), which queues its frames without
+  blocking; when the log lane is full it drops out and catches up on its
+  own. Agents never wait on a connection.
+- Websockets are **kept alive**: every `ping_interval` (20 s) a ping; a pong
+  that does not come within `ping_timeout` (20 s) closes the connection with
+  1011 (a dead or frozen peer; aborted when even the close cannot be sent).
 
 A handler that fails with anything but `RpcError` is a bug: its request is
 answered -32603 and the connection closes with 1011. Nothing a connection
@@ -27,13 +34,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
-from actors.session import SessionError
+from actors.session import Event, SessionError
 from supervision.gateway.auth import Principal
 from supervision.gateway.cursors import Cursor, LogCursor, PromptCursor
 from supervision.gateway.outbox import Outbox, OutboxClosed, OutboxOverflow
@@ -51,7 +58,7 @@ from supervision.gateway.protocol import (
     parse_frame,
     response,
 )
-from supervision.gateway.transport import Transport, TransportClosed
+from supervision.gateway.transport import Framing, Transport, TransportClosed
 
 if TYPE_CHECKING:
     from supervision.gateway.server import Gateway
@@ -68,6 +75,15 @@ CLOSE_SLOW_CONSUMER = 4008
 
 CURSOR_BATCH = 256
 """Most events one cursor reads and queues per round."""
+
+DEFAULT_PING_INTERVAL_SECONDS = 20.0
+"""How long a websocket connection waits between keep-alive pings."""
+
+DEFAULT_PING_TIMEOUT_SECONDS = 20.0
+"""How long a ping's pong may take before the peer counts as dead (close 1011)."""
+
+LOG_LINGER_SECONDS = 0.002
+"""How long queued log frames wait for more before the writer sends them (replies never wait)."""
 
 CLOSE_GRACE_SECONDS = 1.0
 """How long a close handshake may take before the connection is aborted."""
@@ -105,6 +121,46 @@ class ConnectionStatistics:
     subscriptions: int
     queued_frames: int
     frames_written: int
+    catch_ups: int
+    """Times a live log subscription fell out of the fan-out (full log lane) to catch up."""
+
+
+@attrs.define(eq=False)
+class _LiveLog:
+    """A log subscription as a fan-out subscriber: frames into the connection's log lane.
+
+    When the lane is full it leaves the fan-out and catches up on its own
+    (from its cursor's `next_seq`, which only a delivered batch advances).
+    """
+
+    connection: Connection
+    cursor: LogCursor
+    stopped: bool = False
+    catch_up: Callable[[], None] | None = None
+    wants_text: bool = True
+    outbox: Outbox = attrs.field(init=False)
+    framing: Framing = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.outbox = self.connection.outbox
+        self.framing = self.connection.transport.framing
+
+    def deliver(self, events: Sequence[Event], encoded: Sequence[bytes], head: int) -> bool:
+        """Queue the batch's frames, or leave (False) when the log lane is full or closed."""
+        if self.stopped:
+            return False
+        outbox = self.outbox
+        if not outbox.log_has_room:
+            self.connection.fall_behind(self)
+            return False
+        frames = self.cursor.frames(events, encoded, head, self.framing)
+        if frames:
+            outbox.offer_log(frames, sum(map(len, frames)))
+        return True
+
+    def fail(self, reason: str) -> None:
+        """Close the connection (1011): the session's log cannot be followed."""
+        self.connection.close(CLOSE_INTERNAL, reason)
 
 
 _subscription_ids = itertools.count()
@@ -120,19 +176,24 @@ class Connection:
     write_deadline: float
     max_inflight: int
     max_frame: int
+    ping: Callable[[], Awaitable[None]] | None = None
+    """Sends a ping and returns at its pong (websockets); None: no keep-alive (stdio)."""
+    ping_interval: float = DEFAULT_PING_INTERVAL_SECONDS
+    ping_timeout: float = DEFAULT_PING_TIMEOUT_SECONDS
     initialized: bool = False
     outbox: Outbox = attrs.field(factory=Outbox)
     subscriptions: dict[str, LogCursor] = attrs.field(factory=dict)
     subscription_stops: dict[str, Callable[[], None]] = attrs.field(factory=dict)
     prompts: dict[str, PromptCursor] = attrs.field(factory=dict)
     frames_written: int = 0
+    catch_ups: int = 0
     _inflight: dict[JsonId, trio.CancelScope] = attrs.field(factory=dict)
     _cursor_scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
     _nursery: trio.Nursery | None = None
     _close_code: int = CLOSE_NORMAL
     _close_reason: str = ""
     _stalled: bool = False
-    _unsent: list[str] = attrs.field(factory=list)
+    _unsent: list[bytes] = attrs.field(factory=list)
     answer_after_eof: bool = False
     """Answer requests already running when the input ends (stdio, whose output stays open)."""
     _running_handlers: int = 0
@@ -151,6 +212,8 @@ class Connection:
                 self._nursery = nursery
                 nursery.start_soon(self._read)
                 nursery.start_soon(self._write)
+                if self.ping is not None:
+                    nursery.start_soon(self._keep_alive, self.ping)
         finally:
             if not self._close_requested:
                 # Cancelled from outside: the server is shutting down.
@@ -173,12 +236,13 @@ class Connection:
         self._on_close.append(callback)
 
     def statistics(self) -> ConnectionStatistics:
-        """Requests in flight, subscriptions, queued frames, frames written."""
+        """Requests in flight, subscriptions, queued frames, frames written, catch-ups."""
         return ConnectionStatistics(
             inflight=len(self._inflight),
             subscriptions=len(self.subscriptions),
             queued_frames=self.outbox.queued_frames,
             frames_written=self.frames_written,
+            catch_ups=self.catch_ups,
         )
 
     # -- cursors ------------------------------------------------------------
@@ -189,13 +253,40 @@ class Connection:
 
     def follow(self, cursor: Cursor) -> Callable[[], None]:
         """Start the follow task of `cursor`; returns a function that stops it."""
+        return self._start_follow(cursor, None)
+
+    def subscribe_log(self, cursor: LogCursor, *, live: bool) -> Callable[[], None]:
+        """Deliver `cursor`'s events: from the session's fan-out while it keeps up, else on its own.
+
+        `live`: the cursor starts at the durable head (no replay), so it joins
+        the fan-out at once; otherwise it catches up first. Returns a
+        function that stops the subscription (idempotent).
+        """
+        subscriber = _LiveLog(connection=self, cursor=cursor)
+        stop_follow: Callable[[], None] | None = None
+        if not (
+            live and self.gateway.fanout.attach(cursor.session_id, cursor.next_seq, subscriber)
+        ):
+            stop_follow = self._start_follow(cursor, subscriber)
+
+        def stop() -> None:
+            subscriber.stopped = True
+            self.gateway.fanout.detach(cursor.session_id, subscriber)
+            if stop_follow is not None:
+                stop_follow()
+            if subscriber.catch_up is not None:
+                subscriber.catch_up()
+
+        return stop
+
+    def _start_follow(self, cursor: Cursor, joins: _LiveLog | None) -> Callable[[], None]:
         nursery = self._nursery
         if nursery is None:
             raise RuntimeError("the connection is not running")
         scope = trio.CancelScope()
         key = id(cursor)
         self._cursor_scopes[key] = scope
-        nursery.start_soon(self._follow, cursor, scope)
+        nursery.start_soon(self._follow, cursor, scope, joins)
 
         def stop() -> None:
             scope.cancel()
@@ -203,7 +294,9 @@ class Connection:
 
         return stop
 
-    async def _follow(self, cursor: Cursor, scope: trio.CancelScope) -> None:
+    async def _follow(
+        self, cursor: Cursor, scope: trio.CancelScope, joins: _LiveLog | None
+    ) -> None:
         gateway = self.gateway
         with scope:
             try:
@@ -211,14 +304,26 @@ class Connection:
                     events, head = await gateway.read_durable(
                         cursor.session_id, cursor.next_seq, CURSOR_BATCH
                     )
-                    frames = cursor.take(events, head)
+                    frames = cursor.take(events, head, self.transport.framing)
                     if frames:
                         await self.outbox.put_log(frames)
+                    if (
+                        joins is not None
+                        and cursor.next_seq > head
+                        and gateway.fanout.attach(cursor.session_id, cursor.next_seq, joins)
+                    ):
+                        break  # caught up: the session's fan-out delivers from here
             except OutboxClosed:
                 return
             except SessionError as exc:
                 self.close(CLOSE_INTERNAL, f"session {cursor.session_id!r}: {exc}")
         self._cursor_scopes.pop(id(cursor), None)
+
+    def fall_behind(self, subscriber: _LiveLog) -> None:
+        """A live subscription the fan-out dropped (the log lane was full): catch up on its own."""
+        if not subscriber.stopped and not self.outbox_closed:
+            self.catch_ups += 1
+            subscriber.catch_up = self._start_follow(subscriber.cursor, subscriber)
 
     # -- reader ---------------------------------------------------------------
 
@@ -388,7 +493,7 @@ class Connection:
 
     def _put_control(self, text: str) -> None:
         try:
-            self.outbox.put_control(text)
+            self.outbox.put_control(self.transport.framing.frame(text.encode()))
         except OutboxOverflow as exc:
             self.gateway.count_slow_consumer()
             self.close(CLOSE_SLOW_CONSUMER, str(exc))
@@ -398,10 +503,12 @@ class Connection:
     async def _write(self) -> None:
         while True:
             await self.outbox.wait_ready()
-            # One scheduling pass lets the other cursors woken by the same
-            # commit queue their events, so they share this write.
-            await trio.lowlevel.checkpoint()
-            self._unsent = await self.outbox.take()
+            # Log frames wait up to `LOG_LINGER_SECONDS` for the ones that
+            # follow (the rest of a streamed step, other sessions' commits),
+            # so one wake and one write carry them all; a reply cuts it short.
+            with trio.move_on_after(LOG_LINGER_SECONDS):
+                await self.outbox.wait_control()
+            self._unsent = self.outbox.take()
             # A batch is never cut by a close (only by the write deadline), so a
             # close never loses a reply that was already taken from the outbox.
             with (
@@ -425,16 +532,31 @@ class Connection:
             self._unsent = []
             await trio.lowlevel.checkpoint_if_cancelled()
 
+    async def _keep_alive(self, ping: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await trio.sleep(self.ping_interval)
+            with trio.move_on_after(self.ping_timeout) as timeout:
+                try:
+                    await ping()
+                except TransportClosed:
+                    return  # the reader sees the close too
+            if timeout.cancelled_caught:
+                self.close(CLOSE_INTERNAL, f"keepalive: no pong within {self.ping_timeout:g} s")
+                return
+
     async def _say_goodbye(self) -> None:
         for callback in self._on_close:
             callback()
+        for stop in list(self.subscription_stops.values()):
+            stop()
         for key in list(self._cursor_scopes):
             self._cursor_scopes.pop(key).cancel()
         with trio.move_on_after(0 if self._stalled else CLOSE_GRACE_SECONDS) as grace:
             try:
                 # Replies already queued go out before the close frame.
-                for frame in [*self._unsent, *self.outbox.take_control_nowait()]:
-                    await self.transport.send(frame)
+                unsent = [*self._unsent, *self.outbox.take_control_nowait()]
+                if unsent:
+                    await self.transport.send_batch(unsent)
                 self._unsent = []
                 await self.transport.close(self._close_code, self._close_reason)
             except Exception:

@@ -101,19 +101,23 @@ async def sessions_watch(params: SessionsWatchParams, call: Call) -> dict[str, A
     """Notify `_harness/sessions/changed` when sessions are added, change status or are removed.
 
     A live session's change carries its full `SessionSummary`; others carry
-    `{sessionId, agent}`.
+    `{sessionId, agent}`. Status changes (a durable `turn/start`: "running",
+    `turn/end`: "idle") come from the gateway's own fan-out, for every
+    gateway however it was started.
     """
     connection = call.connection
     directory = call.gateway.directory
     subscription = connection.new_subscription_id()
 
-    def changed(session_id: str, change: str) -> None:
+    def changed(session_id: str, change: str, status: str | None) -> None:
         if not directory.visible(call.principal, session_id):
             return
         session: dict[str, Any] = directory.live_summary(session_id) or {
             "sessionId": session_id,
             "agent": directory.agent_of(session_id),
         }
+        if status is not None:
+            session["status"] = status  # as the log has it, not as the agent is by now
         connection.send_notification(
             notification(
                 "_harness/sessions/changed",
@@ -122,6 +126,7 @@ async def sessions_watch(params: SessionsWatchParams, call: Call) -> dict[str, A
         )
 
     connection.on_close(directory.on_change(changed))
+    connection.on_close(call.gateway.status_watch.open())
     return {"subscription": subscription}
 
 
@@ -141,7 +146,9 @@ async def log_subscribe(params: LogSubscribeParams, call: Call) -> dict[str, Any
         types=None if params.types is None else frozenset(params.types),
     )
     connection.subscriptions[subscription] = cursor
-    connection.subscription_stops[subscription] = connection.follow(cursor)
+    connection.subscription_stops[subscription] = connection.subscribe_log(
+        cursor, live=start > head
+    )
     return {
         "subscription": subscription,
         "fromSeq": start,

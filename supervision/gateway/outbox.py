@@ -1,21 +1,24 @@
 """A connection's outgoing frames in two priority lanes, drained by its one writer task.
 
+Frames are UTF-8 payloads (`bytes`); the transport adds the framing.
+
 - The **control** lane holds replies, errors and snapshot notifications. It
   is bounded (`CONTROL_CAPACITY` frames); overflowing it means the socket is
   not keeping up, so the named overflow behaviour is *disconnect the slow
   consumer* (`OutboxOverflow`, which the connection turns into close 4008).
-- The **log** lane holds batches formatted by the subscription cursors. It
-  is bounded (`LOG_CAPACITY` batches); a cursor putting a batch into a full
-  lane *blocks* (only that cursor: it simply reads the log later, from where
-  it stopped, so nothing is lost and no agent ever waits).
+- The **log** lane holds the frames of subscription cursors, bounded by
+  size (`LOG_CAPACITY_BYTES`). The session fan-out *offers* frames
+  (`offer_log`, never blocking): when the lane is full the offer is refused
+  and that cursor leaves the fan-out to catch up on its own. A catching-up
+  cursor *blocks* on a full lane (`put_log`): it simply reads the log later,
+  from where it stopped, so nothing is lost and no agent ever waits.
 
-The writer takes control frames first, then log batches in arrival order,
-everything queued at once, and writes it with one system call.
+The writer takes everything queued at once, control frames first, then log
+frames in arrival order, and writes it with one system call.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 import attrs
@@ -24,8 +27,8 @@ import trio
 CONTROL_CAPACITY = 512
 """Control frames (replies, errors, snapshots) that may wait before the peer is a slow consumer."""
 
-LOG_CAPACITY = 8
-"""Cursor batches waiting for the writer before cursors block."""
+LOG_CAPACITY_BYTES = 16 * 1024 * 1024
+"""Bytes of log frames waiting for the writer before offers are refused and cursors block."""
 
 
 class OutboxOverflow(Exception):
@@ -41,15 +44,26 @@ class Outbox:
     """Two bounded lanes and the wakeups of the writer and of blocked cursors."""
 
     control_capacity: int = CONTROL_CAPACITY
-    log_capacity: int = LOG_CAPACITY
-    _control: deque[str] = attrs.field(factory=deque, init=False)
-    _log: deque[Sequence[str]] = attrs.field(factory=deque, init=False)
+    log_capacity: int = LOG_CAPACITY_BYTES
+    _control: list[bytes] = attrs.field(factory=list, init=False)
+    _log: list[bytes] = attrs.field(factory=list, init=False)
+    _log_bytes: int = attrs.field(default=0, init=False)
     _ready: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _control_ready: trio.Event = attrs.field(factory=trio.Event, init=False)
     _space: trio.Event = attrs.field(factory=trio.Event, init=False)
     _closed: bool = attrs.field(default=False, init=False)
-    queued_frames: int = attrs.field(default=0, init=False)
 
-    def put_control(self, frame: str) -> None:
+    @property
+    def queued_frames(self) -> int:
+        """Frames waiting for the writer."""
+        return len(self._control) + len(self._log)
+
+    @property
+    def log_has_room(self) -> bool:
+        """True while the log lane is under its capacity (an offer would be taken)."""
+        return self._log_bytes < self.log_capacity and not self._closed
+
+    def put_control(self, frame: bytes) -> None:
         """Queue a control frame. Raises `OutboxOverflow` when the lane is full."""
         if self._closed:
             raise OutboxClosed("the connection is closing")
@@ -58,11 +72,20 @@ class Outbox:
                 f"{len(self._control)} replies are waiting to be written; the peer is too slow"
             )
         self._control.append(frame)
-        self.queued_frames += 1
         self._ready.set()
+        self._control_ready.set()
 
-    async def put_log(self, frames: Sequence[str]) -> None:
-        """Queue one cursor batch, waiting while the log lane is full.
+    def offer_log(self, frames: Sequence[bytes], size: int) -> bool:
+        """Queue log frames of `size` bytes unless the lane is full or closed; True if queued."""
+        if not self.log_has_room:
+            return False
+        self._log.extend(frames)
+        self._log_bytes += size
+        self._ready.set()
+        return True
+
+    async def put_log(self, frames: Sequence[bytes]) -> None:
+        """Queue log frames, waiting while the log lane is full.
 
         Cancellation: cancellable; a cancelled put queued nothing.
 
@@ -72,7 +95,7 @@ class Outbox:
         while True:
             if self._closed:
                 raise OutboxClosed("the connection is closing")
-            if len(self._log) < self.log_capacity:
+            if self._log_bytes < self.log_capacity:
                 break
             if self._space.is_set():
                 self._space = trio.Event()
@@ -80,8 +103,8 @@ class Outbox:
         await trio.lowlevel.checkpoint()
         if self._closed:
             raise OutboxClosed("the connection is closing")
-        self._log.append(frames)
-        self.queued_frames += len(frames)
+        self._log.extend(frames)
+        self._log_bytes += sum(len(frame) for frame in frames)
         self._ready.set()
 
     async def wait_ready(self) -> None:
@@ -91,29 +114,27 @@ class Outbox:
                 self._ready = trio.Event()
             await self._ready.wait()
 
-    async def take(self) -> list[str]:
-        """The next frames to write: every queued control frame, then every log batch.
+    async def wait_control(self) -> None:
+        """Return once a control frame is queued (without taking it). Cancellable."""
+        while not self._control:
+            if self._control_ready.is_set():
+                self._control_ready = trio.Event()
+            await self._control_ready.wait()
 
-        Waits until there is something to write.
-        """
-        while not self._control and not self._log:
-            if self._ready.is_set():
-                self._ready = trio.Event()
-            await self._ready.wait()
-        frames = list(self._control)
-        self._control.clear()
+    def take(self) -> list[bytes]:
+        """Every queued frame, removed: control frames first, then log frames."""
+        frames = self._control
+        self._control = []
         if self._log:
-            while self._log:
-                frames.extend(self._log.popleft())
+            frames.extend(self._log)
+            self._log = []
+            self._log_bytes = 0
             self._space.set()
-        self.queued_frames -= len(frames)
         return frames
 
-    def take_control_nowait(self) -> list[str]:
+    def take_control_nowait(self) -> list[bytes]:
         """Every queued control frame, removed (to flush replies before a close)."""
-        frames = list(self._control)
-        self._control.clear()
-        self.queued_frames -= len(frames)
+        frames, self._control = self._control, []
         return frames
 
     def close(self) -> None:

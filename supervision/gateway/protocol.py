@@ -202,13 +202,22 @@ def clip(text: str) -> str:
     return text if len(text) <= MAX_QUOTED else text[:MAX_QUOTED] + "…"
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""What `dumps` uses: `json.dumps`'s compact, NaN-refusing encoder, built once, not per call."""
+
+
 def dumps(message: Any) -> str:
     """Compact JSON text of one outgoing message (or batch), ASCII-only.
 
     ASCII escapes keep any text encodable, even a lone surrogate a client
     sent in a method name that an error message now quotes.
     """
-    return json.dumps(message, separators=(",", ":"), allow_nan=False)
+    return _ENCODER.encode(message)
+
+
+def encode(message: Any) -> bytes:
+    """`dumps(message)` as the bytes of a frame (ASCII, hence UTF-8)."""
+    return dumps(message).encode()
 
 
 def response(id: JsonId, result: Any) -> dict[str, Any]:

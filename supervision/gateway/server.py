@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,19 @@ from actors.latency import LatencySummary
 from actors.providers.actor import ProviderActorStatistics
 from actors.session import Event
 from supervision.gateway.auth import Denial, Principal, Token, authenticate
-from supervision.gateway.connection import CLOSE_GOING_AWAY, Connection
+from supervision.gateway.connection import (
+    CLOSE_GOING_AWAY,
+    DEFAULT_PING_INTERVAL_SECONDS,
+    DEFAULT_PING_TIMEOUT_SECONDS,
+    Connection,
+)
 from supervision.gateway.cursors import EventTexts
+from supervision.gateway.fanout import Fanout
 from supervision.gateway.http import HttpFront, HttpRequest
 from supervision.gateway.methods import MethodTable
 from supervision.gateway.sessions import AgentProfile, SessionDirectory, summarise
-from supervision.gateway.transport import CoalescingStream, Transport, WebSocketTransport
+from supervision.gateway.status import StatusWatch
+from supervision.gateway.transport import SharedStream, Transport, WebSocketTransport
 from supervision.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -74,6 +81,8 @@ class Gateway:
     write_deadline: float = DEFAULT_WRITE_DEADLINE_SECONDS
     max_inflight: int = DEFAULT_MAX_INFLIGHT
     max_frame: int = DEFAULT_MAX_FRAME
+    ping_interval: float = DEFAULT_PING_INTERVAL_SECONDS
+    ping_timeout: float = DEFAULT_PING_TIMEOUT_SECONDS
     static_dir: Path | None = None
     cwd: str = attrs.field(factory=os.getcwd)
     version: str = VERSION
@@ -82,11 +91,32 @@ class Gateway:
     methods: MethodTable = attrs.field(factory=MethodTable)
     connections: set[Connection] = attrs.field(factory=set)
     event_texts: EventTexts = attrs.field(factory=EventTexts)
+    fanout: Fanout = attrs.field(init=False)
+    status_watch: StatusWatch = attrs.field(init=False)
     slow_consumer_closes: int = 0
     _claims: dict[str, set[int]] = attrs.field(factory=dict)
     _started: float = attrs.field(factory=trio.current_time)
     _closed_frames: int = 0
     _slow_consumer_closed: trio.Event = attrs.field(factory=trio.Event)
+
+    def __attrs_post_init__(self) -> None:
+        self.fanout = Fanout(wait=self.runtime.store.wait_durable, read=self.read_durable)
+        self.status_watch = StatusWatch(directory=self.directory, fanout=self.fanout)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Gateway]:
+        """Run the gateway's own tasks (the session fan-out) for the body of the context.
+
+        `serve_gateway` does this itself; a caller running connections on a
+        `Gateway` it built (stdio) wraps them in it. Leaving the context
+        stops the fan-out.
+        """
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.fanout.run)
+            try:
+                yield self
+            finally:
+                nursery.cancel_scope.cancel()
 
     @property
     def url(self) -> str:
@@ -165,7 +195,7 @@ class Gateway:
 
         Waits on the store's durability mark (woken by its commit), so it
         follows a session across agent restarts; reads from the live log,
-        else from the store.
+        else (no live agent, or its session hibernates) from the store.
 
         Raises:
             SessionError: the store failed to commit the session's events.
@@ -173,7 +203,7 @@ class Gateway:
         store = self.runtime.store
         await store.wait_durable(session_id, from_seq)
         session = self.directory.live_session(session_id)
-        if session is not None and len(session) > from_seq:
+        if session is not None and not session.hibernating and len(session) > from_seq:
             await session.wait_durable(from_seq)
             return session.durable_events(from_seq, limit), session.durable_seq
         events = await store.load(session_id)
@@ -284,14 +314,24 @@ class Gateway:
     # -- connections -------------------------------------------------------------
 
     async def run_connection(
-        self, transport: Transport, principal: Principal, *, answer_after_eof: bool = False
+        self,
+        transport: Transport,
+        principal: Principal,
+        *,
+        answer_after_eof: bool = False,
+        ping: Callable[[], Awaitable[None]] | None = None,
     ) -> int:
         """Run one connection actor to its end; returns its close code.
 
         `answer_after_eof`: when the input ends, answer the requests already
         running before closing (for stdio, whose output stays open).
+        `ping`: sends a ping and returns at its pong; given, the connection
+        is kept alive with it (`ping_interval`, `ping_timeout`).
         """
         connection = Connection(
+            ping=ping,
+            ping_interval=self.ping_interval,
+            ping_timeout=self.ping_timeout,
             answer_after_eof=answer_after_eof,
             gateway=self,
             transport=transport,
@@ -309,11 +349,11 @@ class Gateway:
 
     async def handle_websocket(self, request: HttpRequest, stream: trio.abc.Stream) -> None:
         """Authenticate the handshake, then accept it and run the connection."""
-        coalescing = CoalescingStream(stream)
+        shared = SharedStream(stream)
         async with trio.open_nursery() as nursery:
             ws_request = await trio_websocket.wrap_server_stream(
                 nursery,
-                coalescing,
+                shared,
                 message_queue_size=MESSAGE_QUEUE_SIZE,
                 max_message_size=self.max_frame,
             )
@@ -328,9 +368,9 @@ class Gateway:
                 )
             else:
                 websocket = await ws_request.accept(subprotocol=verdict.subprotocol)
+                transport = WebSocketTransport(connection=websocket, stream=shared)
                 await self.run_connection(
-                    WebSocketTransport(connection=websocket, stream=coalescing),
-                    Principal(token=verdict.token),
+                    transport, Principal(token=verdict.token), ping=transport.ping
                 )
             nursery.cancel_scope.cancel()
 
@@ -350,12 +390,16 @@ async def serve_gateway(
     origins: Iterable[str] | None = None,
     write_deadline: float = DEFAULT_WRITE_DEADLINE_SECONDS,
     max_inflight: int = DEFAULT_MAX_INFLIGHT,
+    ping_interval: float = DEFAULT_PING_INTERVAL_SECONDS,
+    ping_timeout: float = DEFAULT_PING_TIMEOUT_SECONDS,
     static_dir: Path | None = None,
     task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway until cancelled; `task_status.started(gateway)` once it listens.
 
     `origins=None` allows the gateway's own origin (`http://HOST:PORT`).
+    Websockets are pinged every `ping_interval` seconds; one whose pong
+    does not arrive within `ping_timeout` is closed with 1011.
     Cancellation closes every connection with 1001 (aborting those that
     cannot take a close frame within a second), then stops listening.
 
@@ -379,6 +423,8 @@ async def serve_gateway(
         port=bound,
         write_deadline=write_deadline,
         max_inflight=max_inflight,
+        ping_interval=ping_interval,
+        ping_timeout=ping_timeout,
         static_dir=static_dir,
     )
     front = HttpFront(websocket=gateway.handle_websocket, ws_url=gateway.url, static_dir=static_dir)
@@ -390,7 +436,7 @@ async def serve_gateway(
             # One connection's failure never reaches the listener.
             log.exception("gateway connection failed")
 
-    async with trio.open_nursery() as nursery:
+    async with gateway.running(), trio.open_nursery() as nursery:
         try:
             await nursery.start(trio.serve_listeners, handle, listeners)
             task_status.started(gateway)
@@ -410,6 +456,8 @@ async def open_gateway(
     origins: Iterable[str] | None = None,
     write_deadline: float = DEFAULT_WRITE_DEADLINE_SECONDS,
     max_inflight: int = DEFAULT_MAX_INFLIGHT,
+    ping_interval: float = DEFAULT_PING_INTERVAL_SECONDS,
+    ping_timeout: float = DEFAULT_PING_TIMEOUT_SECONDS,
     static_dir: Path | None = None,
 ) -> AsyncIterator[Gateway]:
     """Serve the gateway for the body of the context; yields it once it listens.
@@ -430,6 +478,8 @@ async def open_gateway(
                 origins=origins,
                 write_deadline=write_deadline,
                 max_inflight=max_inflight,
+                ping_interval=ping_interval,
+                ping_timeout=ping_timeout,
                 static_dir=static_dir,
                 task_status=task_status,
             )

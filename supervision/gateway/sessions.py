@@ -21,7 +21,7 @@ from actors.session.events import AssistantMessage, StepEnd, StepStart, TurnEnd,
 from supervision.gateway.auth import Principal, Token
 from supervision.runtime import Runtime
 from supervision.subagents import SubagentProvider
-from supervision.supervisor import Child, SupervisionError, UnknownChildError
+from supervision.supervisor import Child, RestartType, SupervisionError, UnknownChildError
 
 AGENT_CHILD_PREFIX = "agent:"
 """The supervisor child id of a session's agent is this prefix plus the session id."""
@@ -62,12 +62,16 @@ class SessionDirectory:
 
     runtime: Runtime
     profiles: dict[str, AgentProfile]
+    agent_restart: RestartType = "transient"
+    """How the supervisor treats a session agent that crashed (a node uses "temporary": a
+    session whose lease was taken over is dropped, and taken back only on its next call)."""
     _known: dict[str, _Known] = attrs.field(factory=dict, init=False)
     _adopted: dict[str, Agent] = attrs.field(factory=dict, init=False)
     _children: dict[str, Child[Agent]] = attrs.field(factory=dict, init=False)
     _restarts: dict[str, int] = attrs.field(factory=dict, init=False)
     _starting: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
-    _listeners: list[Callable[[str, str], None]] = attrs.field(factory=list, init=False)
+    _listeners: list[Callable[[str, str, str | None], None]] = attrs.field(factory=list, init=False)
+    _start_listeners: list[Callable[[str], None]] = attrs.field(factory=list, init=False)
 
     # -- lookup -------------------------------------------------------------
 
@@ -158,10 +162,32 @@ class SessionDirectory:
 
     # -- lifecycle --------------------------------------------------------------
 
-    def on_change(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
-        """Call `listener(session_id, change)` on "added" and "removed"; returns an unsubscribe."""
+    def on_change(self, listener: Callable[[str, str, str | None], None]) -> Callable[[], None]:
+        """Call `listener(session_id, change, status)` on each change; returns an unsubscribe.
+
+        `change` is "added", "status" or "removed"; `status` is the status a
+        "status" change reports (as the durable log has it), else None.
+        """
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
+
+    def on_start(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call `listener(session_id)` when the directory starts, attaches or adopts an agent.
+
+        Returns an unsubscribe.
+        """
+        self._start_listeners.append(listener)
+        return lambda: self._start_listeners.remove(listener)
+
+    def live_session_ids(self) -> list[str]:
+        """The ids of the sessions whose agents run now (the supervisor's and adopted ones)."""
+        ids = [
+            child.id[len(AGENT_CHILD_PREFIX) :]
+            for child in self.runtime.supervisor.children()
+            if child.id.startswith(AGENT_CHILD_PREFIX)
+        ]
+        ids.extend(sid for sid in self._adopted if sid not in ids)
+        return [sid for sid in ids if self.live_agent(sid) is not None]
 
     def profile(self, name: str) -> AgentProfile:
         """The profile `name`. Raises `KeyError` naming the known ones."""
@@ -194,13 +220,14 @@ class SessionDirectory:
             setup=chosen.setup,
             subagents=chosen.subagents,
             child_setup=chosen.child_setup,
-            restart="transient",
+            restart=self.agent_restart,
         )
         agent = child.value
         self._children[agent.session.id] = child
         self._known[agent.session.id] = _Known(
             agent=profile, created_at=agent.session.clock(), parent=parent, owner=owner
         )
+        self._started(agent.session.id)
         self._notify(agent.session.id, "added")
         return agent
 
@@ -215,6 +242,7 @@ class SessionDirectory:
         self._known[session_id] = _Known(
             agent=agent, created_at=child.session.clock(), parent=parent
         )
+        self._started(session_id)
         self._notify(session_id, "added")
 
     async def attach(self, session_id: str) -> Agent:
@@ -237,10 +265,11 @@ class SessionDirectory:
             if starting is None:
                 break
             await starting.wait()
-        if not await self.runtime.store.exists(session_id):
-            raise UnknownSessionError(f"session {session_id!r} is not stored")
+        # Claimed before the store is asked, so a concurrent attach waits instead of starting twice.
         done = self._starting[session_id] = trio.Event()
         try:
+            if not await self.runtime.store.exists(session_id):
+                raise UnknownSessionError(f"session {session_id!r} is not stored")
             name = self.agent_of(session_id)
             chosen = self.profile(name if name in self.profiles else "default")
             child = await self.runtime.start_agent(
@@ -250,12 +279,13 @@ class SessionDirectory:
                 setup=chosen.setup,
                 subagents=chosen.subagents,
                 child_setup=chosen.child_setup,
-                restart="transient",
+                restart=self.agent_restart,
             )
             self._children[session_id] = child
             self._known.setdefault(
                 session_id, _Known(agent=name, created_at=child.value.session.clock())
             )
+            self._started(session_id)
             return child.value
         finally:
             del self._starting[session_id]
@@ -286,20 +316,27 @@ class SessionDirectory:
         own = 0 if child is None else child.incarnation
         return self._restarts.get(session_id, 0) + own
 
-    def _notify(self, session_id: str, change: str) -> None:
+    def _started(self, session_id: str) -> None:
+        for listener in list(self._start_listeners):
+            listener(session_id)
+
+    def _notify(self, session_id: str, change: str, status: str | None = None) -> None:
         for listener in list(self._listeners):
-            listener(session_id, change)
+            listener(session_id, change, status)
 
     # -- summaries ----------------------------------------------------------------
 
-    def announce_status(self, session_id: str) -> None:
-        """Tell the `_harness/sessions/watch` subscribers that the session's status changed."""
-        self._notify(session_id, "status")
+    def announce_status(self, session_id: str, status: str) -> None:
+        """Tell the `_harness/sessions/watch` subscribers that the session's status is `status`."""
+        self._notify(session_id, "status", status)
 
     def live_summary(self, session_id: str) -> dict[str, Any] | None:
-        """The `SessionSummary` of a running session from its durable events; None if not live."""
+        """The `SessionSummary` of a running session from its durable events.
+
+        None when it is not live, or hibernates (its events are in the store only).
+        """
         agent = self.live_agent(session_id)
-        if agent is None:
+        if agent is None or agent.session.hibernating:
             return None
         return summarise(
             session_id,

@@ -10,10 +10,18 @@ from __future__ import annotations
 import attrs
 import trio
 
-from supervision.gateway.transport import TransportClosed
+from supervision.gateway.transport import Framing, TransportClosed
 
 MAX_LINE = 1024 * 1024 + 1
 """Longest line read (a frame of at most 1 MiB plus its newline)."""
+
+
+def _no_header(length: int) -> bytes:
+    return b""
+
+
+LINE_FRAMING = Framing(header=_no_header, trailer=b"\n")
+"""One message per line."""
 
 
 @attrs.define(eq=False)
@@ -22,6 +30,7 @@ class StdioTransport:
 
     stdin: trio.abc.ReceiveStream
     stdout: trio.abc.SendStream
+    framing: Framing = LINE_FRAMING
     _buffer: bytearray = attrs.field(factory=bytearray)
     _closed: bool = False
 
@@ -45,17 +54,10 @@ class StdioTransport:
                 raise TransportClosed(1000, "end of input")
             self._buffer.extend(data)
 
-    async def send(self, text: str) -> None:
-        """Write one line."""
+    async def send_batch(self, frames: list[bytes]) -> None:
+        """Write several lines (made with `framing`) at once."""
         try:
-            await self.stdout.send_all(text.encode() + b"\n")
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise TransportClosed(None, str(exc)) from None
-
-    async def send_batch(self, texts: list[str]) -> None:
-        """Write several lines at once."""
-        try:
-            await self.stdout.send_all("".join(text + "\n" for text in texts).encode())
+            await self.stdout.send_all(b"".join(frames))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise TransportClosed(None, str(exc)) from None
 

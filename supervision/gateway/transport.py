@@ -2,12 +2,14 @@
 
 A transport moves whole text messages. `receive` returns the next message
 (bytes for a binary websocket frame) and raises `TransportClosed` once the
-peer is gone; `send` writes one message; `close(code, reason)` ends it
+peer is gone; `send_batch` writes messages; `close(code, reason)` ends it
 politely where the transport has close codes, and `abort` drops it at once.
 """
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -24,19 +26,36 @@ class TransportClosed(Exception):
         self.reason = reason
 
 
-class Transport(Protocol):
-    """Whole-message I/O for one connection."""
+@attrs.frozen
+class Framing:
+    """How a transport delimits outgoing messages: `header(length)`, the payload, `trailer`.
 
-    async def send_batch(self, texts: list[str]) -> None:
-        """Send several messages with as few writes as possible. Raises `TransportClosed`."""
+    Frames are built once, where the payload is made (the fan-out builds
+    each log frame with one join), and written as they are.
+    """
+
+    header: Callable[[int], bytes]
+    trailer: bytes
+
+    def frame(self, payload: bytes) -> bytes:
+        """`payload` (UTF-8) as one outgoing frame."""
+        return b"".join((self.header(len(payload)), payload, self.trailer))
+
+
+class Transport(Protocol):
+    """Whole-message I/O for one connection; outgoing messages are frames made with `framing`."""
+
+    @property
+    def framing(self) -> Framing:
+        """How outgoing messages are framed for this transport."""
+        ...
+
+    async def send_batch(self, frames: list[bytes]) -> None:
+        """Send several frames with one write. Raises `TransportClosed`."""
         ...
 
     async def receive(self) -> str | bytes:
         """The next message. Raises `TransportClosed`."""
-        ...
-
-    async def send(self, text: str) -> None:
-        """Send one message. Raises `TransportClosed`."""
         ...
 
     async def close(self, code: int, reason: str) -> None:
@@ -48,38 +67,49 @@ class Transport(Protocol):
         ...
 
 
-class CoalescingStream(trio.abc.Stream):
-    """A stream whose writes can be gathered: inside `gather()`, `send_all` only buffers.
+def text_frame_header(length: int) -> bytes:
+    """The header of an unmasked, final text frame of `length` payload bytes (RFC 6455 §5.2).
 
-    trio-websocket writes each message with its own `send_all` (one system
-    call per frame); gathering a batch of frames and writing it with one
-    `flush()` cuts the gateway's fan-out cost several times over. Outside
-    `gather()` writes go straight through (handshake, pongs, close frames).
+    A server's frames are never masked, and the gateway negotiates no
+    extension, so this header and the payload are the whole frame.
+    """
+    if length < 126:
+        return bytes((0x81, length))
+    if length < 65536:
+        return struct.pack("!BBH", 0x81, 126, length)
+    return struct.pack("!BBQ", 0x81, 127, length)
+
+
+WEBSOCKET_FRAMING = Framing(header=text_frame_header, trailer=b"")
+"""Unmasked text frames."""
+
+
+class SharedStream(trio.abc.Stream):
+    """The TCP stream under a websocket, shared by trio-websocket and the gateway's writer.
+
+    trio-websocket writes its handshake, pongs, pings and close frames
+    through `send_all`; the gateway's writer writes whole batches of text
+    frames with `send_frames`. A lock serialises the two, so frames never
+    interleave, and `send_frames` writes nothing once the websocket started
+    closing (`closed` says so), so no data frame follows a close frame.
     """
 
     def __init__(self, inner: trio.abc.Stream) -> None:
         self.inner = inner
-        self._gathering = False
-        self._pending: list[bytes] = []
+        self._lock = trio.StrictFIFOLock()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        """Buffer while gathering, else send."""
-        if self._gathering:
-            self._pending.append(bytes(data))
-            await trio.lowlevel.checkpoint()
-            return
-        await self.inner.send_all(data)
+        """Write `data` after any write in progress."""
+        async with self._lock:
+            await self.inner.send_all(data)
 
-    def gather(self) -> None:
-        """Start buffering writes."""
-        self._gathering = True
-
-    async def flush(self) -> None:
-        """Stop buffering and write everything buffered in one `send_all`."""
-        self._gathering = False
-        pending, self._pending = self._pending, []
-        if pending:
-            await self.inner.send_all(b"".join(pending))
+    async def send_frames(self, data: bytes, closed: Callable[[], bool]) -> bool:
+        """Write `data` unless `closed()` is true once the lock is held; False if not written."""
+        async with self._lock:
+            if closed():
+                return False
+            await self.inner.send_all(data)
+            return True
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         """Read from the inner stream."""
@@ -96,38 +126,43 @@ class CoalescingStream(trio.abc.Stream):
 
 @attrs.define(eq=False)
 class WebSocketTransport:
-    """A trio-websocket connection over a stream the gateway owns (so it can abort it)."""
+    """A trio-websocket connection over a stream the gateway owns (so it can abort it).
+
+    Incoming messages, pings, pongs and the close handshake go through
+    trio-websocket; outgoing text messages are framed here and written a
+    whole batch per system call (one `send_message` per frame costs several
+    times the whole fan-out of an event).
+    """
 
     connection: trio_websocket.WebSocketConnection
-    stream: CoalescingStream
+    stream: SharedStream
+    framing: Framing = WEBSOCKET_FRAMING
 
     async def receive(self) -> str | bytes:
         """The next message; `TransportClosed` with the peer's close code."""
         try:
             message: str | bytes = await self.connection.get_message()
         except trio_websocket.ConnectionClosed as exc:
-            reason = exc.reason
-            raise TransportClosed(
-                None if reason is None else reason.code,
-                "" if reason is None or reason.reason is None else reason.reason,
-            ) from None
+            raise _closed(exc) from None
         return message
 
-    async def send(self, text: str) -> None:
-        """Send one text frame."""
+    async def send_batch(self, frames: list[bytes]) -> None:
+        """Send text frames (made with `framing`) with one write."""
         try:
-            await self.connection.send_message(text)
-        except (trio_websocket.ConnectionClosed, trio.BrokenResourceError) as exc:
+            written = await self.stream.send_frames(
+                b"".join(frames), lambda: self.connection.closed is not None
+            )
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise TransportClosed(None, str(exc)) from None
+        if not written:
+            raise _closed(trio_websocket.ConnectionClosed(self.connection.closed))
 
-    async def send_batch(self, texts: list[str]) -> None:
-        """Send text frames gathered into one write."""
-        self.stream.gather()
+    async def ping(self) -> None:
+        """Send a ping and return when its pong arrived. Raises `TransportClosed`."""
         try:
-            for text in texts:
-                await self.send(text)
-        finally:
-            await self.stream.flush()
+            await self.connection.ping()
+        except trio_websocket.ConnectionClosed as exc:
+            raise _closed(exc) from None
 
     async def close(self, code: int, reason: str) -> None:
         """Send a close frame with `code` and wait for the peer's (callers bound the wait)."""
@@ -136,3 +171,11 @@ class WebSocketTransport:
     async def abort(self) -> None:
         """Close the TCP stream under the websocket."""
         await trio.aclose_forcefully(self.stream)
+
+
+def _closed(exc: trio_websocket.ConnectionClosed) -> TransportClosed:
+    reason = exc.reason
+    return TransportClosed(
+        None if reason is None else reason.code,
+        "" if reason is None or reason.reason is None else reason.reason,
+    )

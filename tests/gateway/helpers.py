@@ -65,6 +65,8 @@ async def running_gateway(
     origins: Sequence[str] | None = None,
     max_inflight: int = 64,
     static_dir: Path | None = None,
+    ping_interval: float = 20.0,
+    ping_timeout: float = 20.0,
 ) -> AsyncIterator[Gateway]:
     """A runtime on the simulator with the `default` profile, and its gateway."""
     async with (
@@ -86,6 +88,8 @@ async def running_gateway(
             origins=origins,
             max_inflight=max_inflight,
             static_dir=static_dir,
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
         ) as gateway,
     ):
         yield gateway

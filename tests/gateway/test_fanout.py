@@ -11,10 +11,13 @@ from typing import Any
 import trio
 import trio_websocket
 
-from actors.agent import Agent
+from actors.agent import Agent, AgentOptions
 from actors.providers.simulator import SimulatorConfig
+from actors.session import event_to_json
 from actors.session.events import StepEnd, StepStart
-from supervision.gateway import Gateway
+from supervision.gateway import AgentProfile, Gateway
+from supervision.gateway.cursors import EventTexts, LogCursor
+from supervision.gateway.transport import WEBSOCKET_FRAMING
 from tests.gateway.helpers import AUTH, RpcClient, connect, running_gateway
 
 SESSIONS = 200
@@ -133,3 +136,73 @@ def _log(gateway: Gateway, session_id: str) -> list[dict[str, Any]]:
     session = gateway.directory.live_session(session_id)
     assert session is not None
     return session.to_json()
+
+
+async def test_a_subscriber_dropped_by_the_fanout_catches_up_and_loses_nothing() -> None:
+    config = SimulatorConfig(reply_tokens=40)
+    async with running_gateway(config=config) as gateway, connect(gateway) as client:
+        with trio.fail_after(60):
+            agent = await gateway.directory.create(profile="default", owner=None)
+            sid = agent.session.id
+            await client.call("_harness/log/subscribe", {"sessionId": sid})  # live only
+            (connection,) = gateway.connections
+            # A one-byte log lane: nearly every batch the fan-out offers is refused, so the
+            # subscription keeps dropping out, catching up from the log and joining again.
+            connection.outbox.log_capacity = 1
+            for turn in range(3):
+                agent.followup(f"turn {turn}")
+            await agent.when_idle()
+            await agent.session.flush()
+            expected = [json.dumps(e) for e in _log(gateway, sid)]
+            await client.wait_for_log_events(len(expected))
+            assert [json.dumps(e) for e in client.log_events[sid]] == expected
+            assert connection.statistics().catch_ups > 0
+            caught_up = [n for n in client.notifications if n["method"] == "_harness/log/caughtUp"]
+            assert len(caught_up) == 1
+
+
+async def test_a_cursor_makes_the_same_frames_one_event_at_a_time_as_in_one_batch() -> None:
+    async with running_gateway() as gateway:
+        agent = await gateway.directory.create(profile="default", owner=None)
+        agent.followup("hello")
+        await agent.when_idle()
+        events = agent.session.durable_events(0)
+        head = events[-1].seq
+        framing = WEBSOCKET_FRAMING
+        batched, single = (
+            LogCursor(subscription="s", session_id=agent.session.id, next_seq=0, texts=EventTexts())
+            for _ in range(2)
+        )
+        whole = batched.take(events, head, framing)
+        one_by_one = [frame for event in events for frame in single.take([event], head, framing)]
+        assert whole == one_by_one and len(whole) == len(events) + 1  # and one caughtUp
+        assert single.take(events[:1], head, framing) == []  # delivered already: skipped
+
+
+async def test_a_hibernating_session_replays_from_the_store_and_its_status_is_announced() -> None:
+    async with (
+        running_gateway() as gateway,
+        connect(gateway) as watcher,
+        connect(gateway) as client,
+    ):
+        with trio.fail_after(30):
+            options = AgentOptions(model="deepseek-chat", hibernate=True)
+            gateway.directory.profiles["sleepy"] = AgentProfile(options=options)
+            await watcher.call("_harness/sessions/watch", {})
+            agent = await gateway.directory.create(profile="sleepy", owner=None)
+            sid = agent.session.id
+            agent.followup("hello")
+            await agent.when_idle()
+            assert agent.session.hibernating
+            await client.call("_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0})
+            stored = [json.dumps(event_to_json(e)) for e in await gateway.runtime.store.load(sid)]
+            await client.wait_for_log_events(len(stored))
+            assert [json.dumps(e) for e in client.log_events[sid]] == stored
+            ended = await watcher.wait_for(
+                lambda n: (
+                    n["params"].get("change") == "status"
+                    and n["params"]["session"]["status"] == "idle"
+                )
+            )
+            assert ended["params"]["session"]["sessionId"] == sid
+            assert watcher.ws.closed is None and client.ws.closed is None

@@ -137,6 +137,9 @@ async def test_an_expired_lease_is_taken_over_and_the_old_writer_is_fenced(
             await old_store.append("s", [turn_start(2)], lease=old)
         await new_store.append("s", [turn_start(1)], lease=new)
         await new_store.flush("s")
+    # The refused commit and the append refused after it, never the healthy session's.
+    assert old_store.statistics().fenced_appends == 2
+    assert new_store.statistics().fenced_appends == 0
     assert [e.seq for e in await new_store.load("s")] == [0, 1]
     assert [e.seq for e in await new_store.load("other")] == [0]
 

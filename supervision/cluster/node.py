@@ -1,0 +1,336 @@
+"""A node process: sessions under its own runtime, served to gateways over node streams.
+
+`run_node(config)` opens the deployment with the shared PostgreSQL store of
+`[store] url`, listens for gateways' node streams (websockets, one per
+gateway, authenticated with the cluster secret), registers in the
+`harness_nodes` table (heartbeat every second, dead five seconds after the
+last) and hosts every session a gateway touches here, until cancelled; when
+a node joins, the sessions it now owns are released here at their next turn
+boundary (`supervision.cluster.node_rebalance`).
+Each client connection a gateway forwards becomes a virtual connection of
+an ordinary gateway `Connection` (see `supervision.cluster.wire`), so the
+node answers the same methods as `harness serve`, with the node's
+additions (`supervision.cluster.node_methods`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Mapping
+
+import attrs
+import trio
+import trio_websocket
+
+from supervision.cluster.membership import Membership, MembershipView
+from supervision.cluster.node_methods import NODE_METHODS
+from supervision.cluster.node_rebalance import Rebalancer
+from supervision.cluster.wire import EnvelopeError, end_to_gateway, parse, to_gateway
+from supervision.config import ConfigError, DeploymentConfig
+from supervision.deployment import Deployment, open_deployment
+from supervision.gateway import AgentProfile, Gateway, Token
+from supervision.gateway.auth import Denial, Principal, authenticate
+from supervision.gateway.connection import CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY
+from supervision.gateway.methods import MethodTable
+from supervision.gateway.sessions import SessionDirectory
+from supervision.gateway.transport import Framing, TransportClosed
+from supervision.supervisor import SupervisionError
+
+log = logging.getLogger(__name__)
+
+CLIENT_QUEUE = 256
+"""Frames queued for one virtual connection; a client past it is closed (1008), never waited on."""
+
+MAX_NODE_FRAME = 16 * 1024 * 1024
+"""The largest node-stream envelope (it may carry a batch of a client's frames)."""
+
+
+class NodeError(SupervisionError):
+    """A node cannot start: the message names the setting or the address."""
+
+
+def cluster_secret(config: DeploymentConfig, environ: Mapping[str, str] | None = None) -> str:
+    """The secret gateways present to nodes, from the variable `[cluster] token_env` names.
+
+    Raises:
+        ConfigError: the config has no `[cluster]` table or no `[store] url`,
+            or the variable is unset or empty.
+    """
+    if config.cluster is None or config.store.url is None:
+        raise ConfigError(
+            f'{config.source}: a cluster needs [cluster] nodes = "postgres" and '
+            '[store] url = "postgresql://..."'
+        )
+    environ = os.environ if environ is None else environ
+    secret = environ.get(config.cluster.token_env)
+    if not secret:
+        raise ConfigError(
+            f"{config.source}: [cluster] token_env names environment variable "
+            f"{config.cluster.token_env!r}, which is not set: gateways and nodes share that secret"
+        )
+    return secret
+
+
+def default_node_id() -> str:
+    """A node id for a node started without one: the host name and a random suffix."""
+    return f"{socket.gethostname()}-{secrets.token_hex(3)}"
+
+
+def _host_port(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise NodeError(f"--listen {listen!r} must be HOST:PORT (port 0: any free one)")
+    return host.strip("[]"), int(port)
+
+
+def _no_header(_length: int) -> bytes:
+    return b""
+
+
+MESSAGE_FRAMING = Framing(header=_no_header, trailer=b"")
+"""A virtual connection's frames are its bare messages: the node stream's envelope delimits them."""
+
+
+@attrs.define(eq=False)
+class _ClientTransport:
+    """One virtual connection's transport: frames in from a channel, out over the node stream."""
+
+    key: str
+    stream: NodeStream
+    inbound: trio.MemoryReceiveChannel[str]
+
+    async def receive(self) -> str | bytes:
+        try:
+            return await self.inbound.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise TransportClosed(CLOSE_NORMAL, "the gateway ended this client") from None
+
+    @property
+    def framing(self) -> Framing:
+        return MESSAGE_FRAMING
+
+    async def send_batch(self, frames: list[bytes]) -> None:
+        await self.stream.send(to_gateway(self.key, [frame.decode() for frame in frames]))
+
+    async def close(self, code: int, reason: str) -> None:
+        self.stream.clients.pop(self.key, None)
+        await self.stream.send(end_to_gateway(self.key, code, reason))
+
+    async def abort(self) -> None:
+        self.stream.clients.pop(self.key, None)
+
+
+@attrs.define(eq=False)
+class NodeStream:
+    """The actor of one gateway's node stream: demultiplexes envelopes to virtual connections."""
+
+    gateway: Gateway
+    websocket: trio_websocket.WebSocketConnection
+    principal_token: Token
+    clients: dict[str, trio.MemorySendChannel[str]] = attrs.field(factory=dict)
+
+    async def send(self, text: str) -> None:
+        """Send one envelope to the gateway.
+
+        Raises:
+            TransportClosed: the stream is gone.
+        """
+        try:
+            await self.websocket.send_message(text)
+        except (trio_websocket.ConnectionClosed, trio.BrokenResourceError) as exc:
+            raise TransportClosed(None, f"node stream closed: {exc}") from None
+
+    async def run(self) -> None:
+        """Serve the stream until the gateway leaves; its virtual connections end with it.
+
+        Cancellation: ends every virtual connection (their turns go on).
+        """
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    text = await self.websocket.get_message()
+                except trio_websocket.ConnectionClosed:
+                    break
+                try:
+                    envelope = parse(text)
+                except EnvelopeError as exc:
+                    await self.websocket.aclose(CLOSE_POLICY, str(exc)[:120])
+                    break
+                if envelope.end is not None:
+                    channel = self.clients.pop(envelope.key, None)
+                    if channel is not None:
+                        channel.close()
+                    continue
+                channel = self.clients.get(envelope.key)
+                if channel is None:
+                    channel = self._open(nursery, envelope.key)
+                for message in envelope.texts:
+                    try:
+                        channel.send_nowait(message)
+                    except trio.WouldBlock:
+                        # Overflow: this client only is closed, the stream goes on.
+                        self.clients.pop(envelope.key, None)
+                        channel.close()
+                        await self.send(
+                            end_to_gateway(
+                                envelope.key, CLOSE_POLICY, f"over {CLIENT_QUEUE} frames queued"
+                            )
+                        )
+                        break
+                    except trio.ClosedResourceError:
+                        break
+            nursery.cancel_scope.cancel()
+
+    def _open(self, nursery: trio.Nursery, key: str) -> trio.MemorySendChannel[str]:
+        send, receive = trio.open_memory_channel[str](CLIENT_QUEUE)
+        self.clients[key] = send
+        transport = _ClientTransport(key=key, stream=self, inbound=receive)
+
+        async def serve() -> None:
+            try:
+                await self.gateway.run_connection(
+                    transport, Principal(token=self.principal_token), answer_after_eof=False
+                )
+            finally:
+                self.clients.pop(key, None)
+
+        nursery.start_soon(serve)
+        return send
+
+
+def node_gateway(
+    deployment: Deployment,
+    profiles: Mapping[str, AgentProfile],
+    token: Token,
+    *,
+    node_id: str,
+    host: str,
+    port: int,
+) -> Gateway:
+    """The node's gateway object: the node's runtime behind the node method table.
+
+    Its `runtime_id` is the node id (so `initialize` and `_harness/stats` name the node).
+    """
+    runtime = deployment.runtime
+    return Gateway(
+        runtime=runtime,
+        directory=SessionDirectory(
+            runtime=runtime, profiles=dict(profiles), agent_restart="temporary"
+        ),
+        tokens=(token,),
+        origins=(),
+        host=host,
+        port=port,
+        runtime_id=node_id,
+        methods=MethodTable(methods=NODE_METHODS),
+    )
+
+
+async def run_node(
+    config: DeploymentConfig,
+    *,
+    node_id: str | None = None,
+    listen: str = "127.0.0.1:0",
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Host sessions for the cluster until cancelled; `task_status.started(endpoint_url)`.
+
+    `endpoint_url` is `ws://HOST:PORT` (the port actually bound), also what
+    the node registers in `harness_nodes` under `node_id` (default:
+    `HOSTNAME-RANDOM`). Started once it listens and is registered.
+
+    Cancellation: leaves the membership table, closes the node streams
+    (gateways retry elsewhere), ends every live turn in the log (`aborted`,
+    "disposed") and flushes the store.
+
+    Raises:
+        ConfigError: no `[cluster]` / `[store] url`, or the cluster secret is unset.
+        NodeError: `listen` is malformed or cannot be bound.
+        MembershipError: the database cannot be reached.
+    """
+    from supervision.commands.serve import profiles_of
+
+    secret = cluster_secret(config)
+    url = config.store.url
+    assert url is not None
+    host, port = _host_port(listen)
+    node_id = node_id or default_node_id()
+    token = Token(secret=secret, name="cluster")
+    stopping = trio.Event()
+
+    async def host_sessions(task_status: trio.TaskStatus[str]) -> None:
+        with trio.CancelScope() as shield:
+            async with open_deployment(config) as deployment:
+                gateway: Gateway | None = None
+
+                async def handle(request: trio_websocket.WebSocketRequest) -> None:
+                    verdict = authenticate(
+                        request.headers, request.proposed_subprotocols, (token,), ()
+                    )
+                    if isinstance(verdict, Denial):
+                        await request.reject(verdict.status, body=(verdict.reason + "\n").encode())
+                        return
+                    websocket = await request.accept()
+                    assert gateway is not None
+                    try:
+                        await NodeStream(
+                            gateway=gateway, websocket=websocket, principal_token=token
+                        ).run()
+                    except TransportClosed:
+                        pass  # the gateway went away while a reply was being sent
+                    except Exception:
+                        # One stream's failure never takes the node down.
+                        log.exception("node stream from a gateway failed")
+                    finally:
+                        with trio.CancelScope(shield=True), trio.move_on_after(1):
+                            await websocket.aclose(CLOSE_GOING_AWAY, "node stream ended")
+
+                async with trio.open_nursery() as nursery:
+                    try:
+                        server: trio_websocket.WebSocketServer = await nursery.start(
+                            lambda task_status: trio_websocket.serve_websocket(
+                                handle,
+                                host,
+                                port,
+                                None,
+                                handler_nursery=nursery,
+                                max_message_size=MAX_NODE_FRAME,
+                                task_status=task_status,
+                            )
+                        )
+                    except OSError as exc:
+                        raise NodeError(
+                            f"node {node_id!r} cannot listen on {listen}: {exc}"
+                        ) from exc
+                    endpoint = f"ws://{host}:{server.port}"
+                    gateway = node_gateway(
+                        deployment,
+                        profiles_of(deployment),
+                        token,
+                        node_id=node_id,
+                        host=host,
+                        port=server.port,
+                    )
+                    await nursery.start(gateway.fanout.run)
+                    membership = Membership(url)
+                    await nursery.start(membership.serve_node, node_id, endpoint)
+                    view: MembershipView = await nursery.start(membership.serve_view)
+                    nursery.start_soon(Rebalancer(gateway=gateway, view=view, node_id=node_id).run)
+                    log.info("node %s listening on %s", node_id, endpoint)
+                    # From here on the node stops only through `stopping`, so that its
+                    # shutdown runs in order: leave, close the streams, end the turns, flush.
+                    shield.shield = True
+                    task_status.started(endpoint)
+                    await stopping.wait()
+                    nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as outer:
+        endpoint: str = await outer.start(host_sessions)
+        task_status.started(endpoint)
+        try:
+            await trio.sleep_forever()
+        finally:
+            stopping.set()

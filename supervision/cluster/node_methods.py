@@ -1,0 +1,289 @@
+"""The node's method table: the gateway's methods, plus takeover, `MOVED` and request ids.
+
+A node answers the same ACP and `_harness/*` methods as a single-process
+gateway, with three changes for the cluster:
+
+- **Takeover on first touch.** Before any call naming a stored session that
+  this node does not host, the node starts the session's agent, which takes
+  the session's lease. A lease another live writer holds is answered
+  `MOVED` (with `retryAfterMs`): the caller retries on the owner, or here
+  once the old lease expired.
+- **`session/new` with a given id** (`_meta.harness.sessionId`), so the
+  gateway can place a session before it exists.
+- **Exactly-once prompts.** `session/prompt` carries `_meta.harness.requestId`;
+  the user message is logged with it (`source.request_id`). A prompt whose
+  request id is already in the log is not queued again: its turn is
+  followed (still running) or replayed (ended) and answered from the log.
+  Only an attempt the previous owner's death cut off (its turn ended
+  `interrupted`) is run again, as a new turn with the same request id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from actors.messages import Message, TextBlock, UserSource
+from actors.session import Event, SessionBusyError, UnknownSessionError
+from actors.session.events import StepStart, TurnEnd, TurnStart, UserMessage
+from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
+from supervision.gateway.acp_methods import require_session, user_message
+from supervision.gateway.connection import DEFERRED, Call
+from supervision.gateway.cursors import PromptCursor
+from supervision.gateway.messages import NewSessionParams, PromptParams
+from supervision.gateway.methods import METHODS, Method
+from supervision.gateway.protocol import (
+    INTERNAL_ERROR,
+    SESSION_BUSY,
+    RpcError,
+    invalid_params,
+)
+from supervision.supervisor import ChildStoppedError, SupervisionError
+
+
+def moved(session_id: str, cause: BaseException) -> RpcError:
+    """The `MOVED` answer for `session_id`, naming why (the holder, from the busy error)."""
+    return RpcError(
+        MOVED,
+        f"session {session_id!r} is held by another node: {cause}",
+        {"reason": "moved", "sessionId": session_id, "retryAfterMs": MOVED_RETRY_MS},
+    )
+
+
+def _busy_cause(exc: BaseException) -> SessionBusyError | None:
+    """The `SessionBusyError` behind `exc` (through causes, contexts and groups), if any."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, SessionBusyError):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend(current.exceptions)
+        for linked in (current.__cause__, current.__context__):
+            if linked is not None:
+                stack.append(linked)
+    return None
+
+
+async def host(call: Call, session_id: str) -> None:
+    """Make sure this node hosts `session_id` if it is stored (taking its lease).
+
+    A session that is not stored is left for the handler to answer as not
+    found.
+
+    Raises:
+        RpcError: `MOVED` when another live writer holds the lease; -32603
+            when the agent fails to start for another reason.
+    """
+    directory = call.gateway.directory
+    for attempt in range(3):
+        if directory.live_agent(session_id) is not None:
+            return
+        try:
+            await directory.attach(session_id)
+            return
+        except UnknownSessionError:
+            return
+        except SessionBusyError as exc:
+            raise moved(session_id, exc) from exc
+        except ChildStoppedError as exc:
+            # A concurrent start of the same session failed; start it again to learn why.
+            if attempt == 2:
+                raise RpcError(
+                    INTERNAL_ERROR, f"session {session_id!r} keeps stopping as it starts: {exc}"
+                ) from exc
+        except SupervisionError as exc:
+            busy = _busy_cause(exc)
+            if busy is not None:
+                raise moved(session_id, busy) from exc
+            raise RpcError(
+                INTERNAL_ERROR, f"session {session_id!r} could not start on this node: {exc}"
+            ) from exc
+
+
+def _hosting(method: Method) -> Method:
+    """`method` with takeover on first touch for its `sessionId` param."""
+    inner = method.handler
+
+    async def handler(params: Any, call: Call) -> Any:
+        session_id = getattr(params, "session_id", None)
+        if isinstance(session_id, str) and call.gateway.directory.visible(
+            call.principal, session_id
+        ):
+            try:
+                await host(call, session_id)
+            except RpcError:
+                if method.notification:
+                    return None
+                raise
+        return await inner(params, call)
+
+    return attrs.evolve(method, handler=handler)
+
+
+def _harness_meta(meta: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    harness = (meta or {}).get("harness")
+    return harness if isinstance(harness, Mapping) else {}
+
+
+async def new_session(params: NewSessionParams, call: Call) -> dict[str, Any]:
+    """`session/new`, starting the session under `_meta.harness.sessionId` when given."""
+    harness = _harness_meta(params.meta)
+    session_id = harness.get("sessionId")
+    if session_id is None:
+        result: dict[str, Any] = await METHODS["session/new"].handler(params, call)
+        return result
+    if not isinstance(session_id, str) or not session_id:
+        raise invalid_params(
+            "/_meta/harness/sessionId", "invalid", "sessionId must be a non-empty string"
+        )
+    profile = harness.get("agent", "default")
+    directory = call.gateway.directory
+    if not isinstance(profile, str) or profile not in directory.profiles:
+        raise invalid_params(
+            "/_meta/harness/agent",
+            "unknown_agent",
+            f"unknown agent profile {profile!r}; configured: {sorted(directory.profiles)}",
+        )
+    if params.mcp_servers:
+        raise invalid_params(
+            "/mcpServers", "unsupported", "mcpServers are not supported; pass an empty list"
+        )
+    if await directory.exists(session_id):
+        # A retried session/new whose first attempt did start it: the same answer.
+        await host(call, session_id)
+        return {"sessionId": session_id}
+    try:
+        agent = await directory.create(
+            profile=profile, owner=call.principal.token, session_id=session_id
+        )
+    except SupervisionError as exc:
+        busy = _busy_cause(exc)
+        if busy is not None:
+            raise moved(session_id, busy) from exc
+        raise RpcError(INTERNAL_ERROR, f"session/new: the agent did not start: {exc}") from exc
+    return {"sessionId": agent.session.id}
+
+
+@attrs.frozen(kw_only=True)
+class LoggedPrompt:
+    """Where a request id's latest attempt is in a session log.
+
+    Attributes:
+        turn: the turn that took it.
+        start_seq: the seq of that turn's `turn/start`.
+        end: its `turn/end`, None while it runs.
+    """
+
+    turn: int
+    start_seq: int
+    end: TurnEnd | None
+
+
+def find_request(events: Sequence[Event], request_id: str) -> LoggedPrompt | None:
+    """The latest turn whose user message carries `request_id`, or None if none does."""
+    found: LoggedPrompt | None = None
+    turn_start: dict[int, int] = {}
+    current: int | None = None
+    for event in events:
+        data = event.data
+        if isinstance(data, TurnStart):
+            turn_start[data.turn] = event.seq
+            current = data.turn
+        elif isinstance(data, StepStart):
+            current = data.turn
+        elif (
+            isinstance(data, UserMessage)
+            and isinstance(data.source, UserSource)
+            and data.source.request_id == request_id
+            and current is not None
+        ):
+            found = LoggedPrompt(turn=current, start_seq=turn_start.get(current, 0), end=None)
+        elif isinstance(data, TurnEnd) and found is not None and data.turn == found.turn:
+            found = attrs.evolve(found, end=data)
+    return found
+
+
+async def prompt(params: PromptParams, call: Call) -> Any:
+    """`session/prompt` with exactly-once delivery per `_meta.harness.requestId`."""
+    harness = _harness_meta(params.meta)
+    request_id = harness.get("requestId")
+    if request_id is None:
+        return await METHODS["session/prompt"].handler(params, call)
+    if not isinstance(request_id, str) or not request_id:
+        raise invalid_params(
+            "/_meta/harness/requestId", "invalid", "requestId must be a non-empty string"
+        )
+    session_id = params.session_id
+    await require_session(call, session_id)
+    typed = user_message(params.prompt, "prompt")
+    message = Message(role="user", content=typed.content, source=UserSource(request_id=request_id))
+    connection = call.connection
+    if session_id in connection.prompts:
+        raise RpcError(
+            SESSION_BUSY,
+            f"session {session_id!r}: a prompt from this connection is already in flight",
+            {"reason": "session_busy"},
+        )
+    await host(call, session_id)
+    agent = call.gateway.directory.live_agent(session_id)
+    if agent is None:
+        raise RpcError(INTERNAL_ERROR, f"session {session_id!r} stopped before the prompt")
+    logged = find_request(agent.session.durable_events(0), request_id)
+    rerun = logged is None or (logged.end is not None and logged.end.reason.kind == "interrupted")
+    gateway = call.gateway
+    rpc_id = call.id
+
+    def done() -> None:
+        cursor = connection.prompts.pop(session_id, None)
+        if cursor is not None and cursor.turn is not None:
+            gateway.release_turn(session_id, cursor.turn)
+        connection.release(rpc_id)
+
+    cursor = PromptCursor(
+        request_id=rpc_id,
+        session_id=session_id,
+        next_seq=len(agent.session) if rerun or logged is None else logged.start_seq,
+        texts=tuple(b.text for b in message.content if isinstance(b, TextBlock)),
+        claim=lambda turn: gateway.claim_turn(session_id, turn),
+        on_done=done,
+    )
+    connection.prompts[session_id] = cursor
+    connection.follow(cursor)
+    if rerun:
+        agent.followup(message)
+    return DEFERRED
+
+
+async def stats(params: Any, call: Call) -> dict[str, Any]:
+    """`_harness/stats` with `node: {nodeId, fencedCommits}` (appends refused by fencing)."""
+    result: dict[str, Any] = await METHODS["_harness/stats"].handler(params, call)
+    store_statistics = getattr(call.gateway.runtime.store, "statistics", None)
+    snapshot = store_statistics() if callable(store_statistics) else None
+    result["node"] = {
+        "nodeId": call.gateway.runtime_id,
+        "fencedCommits": int(getattr(snapshot, "fenced_appends", 0)),
+    }
+    return result
+
+
+def _node_method(name: str, method: Method) -> Method:
+    if name == "session/new":
+        return attrs.evolve(method, handler=new_session)
+    if name == "session/prompt":
+        return _hosting(attrs.evolve(method, handler=prompt))
+    if name == "_harness/stats":
+        return attrs.evolve(method, handler=stats)
+    return _hosting(method)
+
+
+NODE_METHODS: Mapping[str, Method] = {
+    name: _node_method(name, method) for name, method in METHODS.items()
+}
+"""The gateway's method table as a node serves it (see the module docstring)."""

@@ -1,0 +1,390 @@
+"""The cluster gateway's router: places sessions on nodes and forwards calls over node links.
+
+`Router` keeps one `NodeLink` per live node (the membership view decides
+which are live; a node that leaves the view has its link closed at once,
+so its callers retry) and places each session by rendezvous over the live
+nodes. `forward` sends one call to the session's owner and retries it on
+the next-ranked node when the owner's link drops, or on the owner after
+`retryAfterMs` when it answers `MOVED` (its lease is still held
+elsewhere), until `retry_deadline`. A retried `session/prompt` carries the
+same request id, so the node that takes the session over answers a prompt
+that was already logged from the log.
+
+`RouterClient` is one supervisor connection's side of it: its key on every
+node link, and the routing of notifications back to that connection. Its
+log subscriptions survive the death of the node serving them: each is
+resumed on the session's next owner from the seq after the last event
+delivered, and only events past that seq are passed on, so the stream the
+supervisor sees has no gap and no duplicate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import secrets
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from supervision.cluster.membership import MembershipView, NodeInfo
+from supervision.cluster.placement import ranked
+from supervision.cluster.router_link import NodeDown, NodeLink
+from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
+from supervision.gateway.connection import CLOSE_INTERNAL, Connection
+from supervision.gateway.protocol import INTERNAL_ERROR, OVERLOADED, RpcError
+
+log = logging.getLogger(__name__)
+
+RETRY_DEADLINE_SECONDS = 60.0
+"""How long a call is retried (node deaths, `MOVED`) before it fails -33003."""
+
+UNROUTED_LIMIT = 10_000
+"""Log notifications held for a subscription whose reply has not been handled yet."""
+
+_client_ids = itertools.count()
+
+
+@attrs.define(eq=False)
+class Router:
+    """Placement and node links of one cluster gateway (see the module docstring)."""
+
+    view: MembershipView
+    secret: str = attrs.field(repr=False)
+    nursery: trio.Nursery
+    retry_deadline: float = RETRY_DEADLINE_SECONDS
+    links: dict[str, NodeLink] = attrs.field(factory=dict)
+    clients: dict[Connection, RouterClient] = attrs.field(factory=dict)
+    """The router side of each live client connection."""
+    subscribed: dict[str, set[RoutedSubscription]] = attrs.field(factory=dict)
+    """Session id → the log subscriptions on it, of every client."""
+    gateway_id: str = attrs.field(factory=lambda: secrets.token_hex(4))
+    retries: int = 0
+    """Calls sent again after a node died or answered `MOVED`."""
+
+    def link(self, node: NodeInfo) -> NodeLink:
+        """The link to `node`, opened (in the router's nursery) when there is none up."""
+        link = self.links.get(node.node_id)
+        if link is not None and link.down is None and link.node == node:
+            return link
+        if link is not None:
+            link.close(f"node {node.node_id!r} restarted or its stream dropped")
+        link = NodeLink(node=node, secret=self.secret)
+        self.links[node.node_id] = link
+        self.nursery.start_soon(link.run)
+        return link
+
+    async def watch_view(self) -> None:
+        """Close the link of every node that leaves the view, until cancelled."""
+        version = self.view.version
+        while True:
+            version = await self.view.wait_changed(version)
+            live = set(self.view.nodes)
+            for node_id, link in list(self.links.items()):
+                if link.node not in live:
+                    link.close(f"node {node_id!r} left the membership view")
+                    del self.links[node_id]
+
+    def owner_of(self, session_id: str, excluded: Collection[str] = ()) -> NodeInfo | None:
+        """The live node that should host `session_id` (skipping `excluded`), or None."""
+        nodes = {n.node_id: n for n in self.view.nodes if n.node_id not in excluded}
+        order = ranked(session_id, nodes)
+        return nodes[order[0]] if order else None
+
+    async def forward(
+        self, client: RouterClient, session_id: str, method: str, params: Mapping[str, Any]
+    ) -> tuple[str, Mapping[str, Any]]:
+        """Send the call to the session's owner, retrying as the module docstring says.
+
+        Returns the node that answered and its reply message.
+
+        Cancellation: the call is abandoned where it is.
+
+        Raises:
+            RpcError: -33003 when no node answered within `retry_deadline`.
+        """
+        excluded: set[str] = set()
+        version = self.view.version
+        last = "no live node"
+        with trio.move_on_after(self.retry_deadline):
+            while True:
+                if self.view.version != version:
+                    excluded.clear()
+                    version = self.view.version
+                node = self.owner_of(session_id, excluded)
+                if node is None:
+                    with trio.move_on_after(1):
+                        await self.view.wait_changed(version)
+                    excluded.clear()
+                    continue
+                try:
+                    reply = await self.link(node).call(client.key, client.notify, method, params)
+                except NodeDown as exc:
+                    last = str(exc)
+                    excluded.add(node.node_id)
+                    self.retries += 1
+                    continue
+                error = reply.get("error")
+                if isinstance(error, Mapping) and error.get("code") == MOVED:
+                    last = str(error.get("message"))
+                    data = error.get("data")
+                    wait = data.get("retryAfterMs") if isinstance(data, Mapping) else None
+                    self.retries += 1
+                    await trio.sleep((wait if isinstance(wait, int) else MOVED_RETRY_MS) / 1000)
+                    continue
+                if session_id:
+                    self._answered(session_id, node.node_id)
+                return node.node_id, reply
+        raise RpcError(
+            OVERLOADED,
+            f"{method!r} for session {session_id!r}: no node answered within "
+            f"{self.retry_deadline} s (last: {last})",
+            {"reason": "overloaded", "retryAfterMs": 1000},
+        )
+
+    def _answered(self, session_id: str, node_id: str) -> None:
+        """`node_id` answered a call for `session_id`: it hosts it now, so its log
+        subscriptions served elsewhere move there (a release the gateway missed)."""
+        for subscription in list(self.subscribed.get(session_id, ())):
+            if subscription.node_id != node_id and not subscription.resuming:
+                subscription.client.resume(subscription)
+
+    async def each_node(
+        self, client: RouterClient, method: str, params: Mapping[str, Any]
+    ) -> list[tuple[NodeInfo, Mapping[str, Any] | str]]:
+        """Send the call to every live node at once: each node's reply, or why it failed."""
+        answers: list[tuple[NodeInfo, Mapping[str, Any] | str]] = []
+
+        async def one(node: NodeInfo) -> None:
+            try:
+                answers.append(
+                    (node, await self.link(node).call(client.key, client.notify, method, params))
+                )
+            except NodeDown as exc:
+                answers.append((node, str(exc)))
+
+        async with trio.open_nursery() as nursery:
+            for node in self.view.nodes:
+                nursery.start_soon(one, node)
+        return sorted(answers, key=lambda pair: pair[0].node_id)
+
+    def client(self, connection: Connection) -> RouterClient:
+        """The router side of `connection` (made on first use; ended with the connection)."""
+        existing = self.clients.get(connection)
+        if existing is not None:
+            return existing
+        client = RouterClient(
+            router=self, connection=connection, key=f"{self.gateway_id}-{next(_client_ids)}"
+        )
+        self.clients[connection] = client
+        connection.on_close(client.ended)
+        return client
+
+
+def rpc_result(reply: Mapping[str, Any]) -> Any:
+    """The result of a node's reply message; its error raised as the same `RpcError`."""
+    error = reply.get("error")
+    if isinstance(error, Mapping):
+        code = error.get("code")
+        raise RpcError(
+            code if isinstance(code, int) else INTERNAL_ERROR,
+            str(error.get("message")),
+            error.get("data"),
+        )
+    return reply.get("result")
+
+
+@attrs.define(eq=False)
+class RoutedSubscription:
+    """One log subscription as the supervisor sees it, and where it is served now."""
+
+    id: str
+    client: RouterClient
+    session_id: str
+    types: list[str] | None
+    last_seq: int
+    """The last seq passed on (or before the first wanted one)."""
+    node_id: str = ""
+    node_subscription: str = ""
+    caught_up: bool = False
+    resuming: bool = False
+
+
+@attrs.define(eq=False)
+class RouterClient:
+    """One supervisor connection's side of the router (see the module docstring)."""
+
+    router: Router
+    connection: Connection
+    key: str
+    subscriptions: dict[str, RoutedSubscription] = attrs.field(factory=dict)
+    watches: dict[tuple[str, str], str] = attrs.field(factory=dict)
+    _served: dict[tuple[str, str], RoutedSubscription] = attrs.field(factory=dict)
+    _unrouted: dict[tuple[str, str], list[Mapping[str, Any]]] = attrs.field(factory=dict)
+    _unrouted_count: int = 0
+    subscribing: int = 0
+    """Subscribe calls of this client in flight (their first events may beat their reply)."""
+    _resumers: set[trio.CancelScope] = attrs.field(factory=set)
+    _ended: bool = False
+    _ids: itertools.count[int] = attrs.field(factory=itertools.count)
+
+    def new_subscription_id(self) -> str:
+        """A subscription id unique on this connection."""
+        return f"sub-{self.key}-{next(self._ids)}"
+
+    # -- subscriptions -----------------------------------------------------------
+
+    def serve(self, subscription: RoutedSubscription, node_id: str, node_sub: str) -> None:
+        """Record `node_id` serving `subscription` as `node_sub`; pass on what it sent already."""
+        subscription.node_id, subscription.node_subscription = node_id, node_sub
+        self._served[(node_id, node_sub)] = subscription
+        self.subscriptions[subscription.id] = subscription
+        self.router.subscribed.setdefault(subscription.session_id, set()).add(subscription)
+        for message in self._unrouted.pop((node_id, node_sub), []):
+            self._count_unrouted(-1)
+            self._log_notification(subscription, message)
+        if not self.subscribing:
+            # What is left belongs to subscriptions that ended (or moved) meanwhile.
+            self._unrouted.clear()
+            self._unrouted_count = 0
+
+    def drop(self, subscription: RoutedSubscription) -> None:
+        """Forget `subscription` (unsubscribed, or its connection ended)."""
+        self.subscriptions.pop(subscription.id, None)
+        self._served.pop((subscription.node_id, subscription.node_subscription), None)
+        on_session = self.router.subscribed.get(subscription.session_id)
+        if on_session is not None:
+            on_session.discard(subscription)
+            if not on_session:
+                del self.router.subscribed[subscription.session_id]
+
+    def _count_unrouted(self, delta: int) -> None:
+        self._unrouted_count += delta
+        if self._unrouted_count > UNROUTED_LIMIT:
+            self.connection.close(
+                CLOSE_INTERNAL,
+                f"over {UNROUTED_LIMIT} log events arrived for unknown subscriptions",
+            )
+
+    def _log_notification(
+        self, subscription: RoutedSubscription, message: Mapping[str, Any]
+    ) -> None:
+        params = dict(message.get("params") or {})
+        method = message.get("method")
+        if method == "_harness/log/event":
+            event = params.get("event")
+            seq = event.get("seq") if isinstance(event, Mapping) else None
+            if not isinstance(seq, int) or seq <= subscription.last_seq:
+                return  # replayed again after a resume: already passed on
+            subscription.last_seq = seq
+        elif method == "_harness/log/caughtUp":
+            if subscription.caught_up:
+                return
+            subscription.caught_up = True
+        params["subscription"] = subscription.id
+        self.connection.send_notification({"jsonrpc": "2.0", "method": method, "params": params})
+
+    def resume(self, subscription: RoutedSubscription) -> None:
+        """Resubscribe on the session's current owner from the seq after the last one passed on."""
+        if self._ended or subscription.resuming or subscription.id not in self.subscriptions:
+            return
+        subscription.resuming = True
+        self._served.pop((subscription.node_id, subscription.node_subscription), None)
+        self.router.nursery.start_soon(self._resume, subscription)
+
+    async def _resume(self, subscription: RoutedSubscription) -> None:
+        scope = trio.CancelScope()
+        self._resumers.add(scope)
+        try:
+            with scope:
+                await self._resubscribe(subscription)
+        finally:
+            self._resumers.discard(scope)
+
+    async def _resubscribe(self, subscription: RoutedSubscription) -> None:
+        old = self.router.links.get(subscription.node_id)
+        if old is not None and old.down is None and subscription.node_subscription:
+            # The old node may still run it (it answered for the session before losing it).
+            with contextlib.suppress(NodeDown):
+                await old.call(
+                    self.key,
+                    self.notify,
+                    "_harness/log/unsubscribe",
+                    {"subscription": subscription.node_subscription},
+                )
+        params: dict[str, Any] = {
+            "sessionId": subscription.session_id,
+            "fromSeq": subscription.last_seq + 1,
+        }
+        if subscription.types is not None:
+            params["types"] = subscription.types
+        self.subscribing += 1
+        try:
+            node_id, reply = await self.router.forward(
+                self, subscription.session_id, "_harness/log/subscribe", params
+            )
+            result = rpc_result(reply)
+        except RpcError as exc:
+            self.subscribing -= 1
+            self.connection.close(
+                CLOSE_INTERNAL,
+                f"subscription {subscription.id} could not be resumed: {exc.message}",
+            )
+            return
+        self.subscribing -= 1
+        subscription.resuming = False
+        self.serve(subscription, node_id, str(result["subscription"]))
+
+    # -- notifications -------------------------------------------------------------
+
+    def notify(self, node_id: str, message: Mapping[str, Any]) -> None:
+        """A message from `node_id` for this client (see `NodeLink`)."""
+        if "_linkDown" in message or "_clientEnded" in message:
+            for subscription in list(self.subscriptions.values()):
+                if subscription.node_id == node_id:
+                    self.resume(subscription)
+            return
+        method = message.get("method")
+        params = message.get("params")
+        if not isinstance(params, Mapping):
+            params = {}
+        if method in ("_harness/log/event", "_harness/log/caughtUp"):
+            key = (node_id, str(params.get("subscription")))
+            served = self._served.get(key)
+            if served is None:
+                if self.subscribing:  # else: a subscription that ended; its late events go
+                    self._unrouted.setdefault(key, []).append(message)
+                    self._count_unrouted(1)
+            else:
+                self._log_notification(served, message)
+        elif method == "_harness/log/moved":
+            moved = self._served.get((node_id, str(params.get("subscription"))))
+            if moved is not None:
+                self.resume(moved)
+        elif method == "_harness/sessions/changed":
+            watch = self.watches.get((node_id, str(params.get("subscription"))))
+            if watch is not None:
+                self.connection.send_notification(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": method,
+                        "params": {**params, "subscription": watch},
+                    }
+                )
+        else:
+            self.connection.send_notification(message)
+
+    def ended(self) -> None:
+        """The connection closed: stop resuming, end its virtual connections on every node."""
+        self._ended = True
+        for scope in list(self._resumers):
+            scope.cancel()
+        for subscription in list(self.subscriptions.values()):
+            self.drop(subscription)
+        self.router.clients.pop(self.connection, None)
+        for link in list(self.router.links.values()):
+            if self.key in link.clients:
+                self.router.nursery.start_soon(link.end, self.key)

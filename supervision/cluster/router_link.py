@@ -1,0 +1,268 @@
+"""The gateway's end of one node stream: one websocket per node carrying every client's calls.
+
+A `NodeLink` is an actor with a reader task and a writer task. Calls from
+any client connection are sent with ids rewritten to the link's own
+counter (so two clients' ids never clash on the node) and answered to the
+waiting caller; notifications are handed to the client they belong to (by
+the envelope's client key). When the websocket drops, every waiting call
+fails with `NodeDown` at once, so the router can retry it elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+import trio_websocket
+
+from supervision.cluster import wire
+from supervision.cluster.membership import NodeInfo
+from supervision.gateway.protocol import dumps
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_SECONDS = 5.0
+"""How long opening a node stream may take before the node counts as down."""
+
+SEND_QUEUE = 1024
+"""Envelopes queued for one node's writer; a caller past it waits (backpressure to its client)."""
+
+MAX_LINK_FRAME = 16 * 1024 * 1024
+"""The largest envelope a node may send (a batch of one client's frames)."""
+
+
+class NodeDown(Exception):
+    """The node stream is gone (or could not be opened): retry the call on another node."""
+
+
+Notify = Callable[[str, Mapping[str, Any]], None]
+"""`notify(node_id, message)`: a notification (or the node ending the client) for one client."""
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    key: str
+    done: trio.Event = attrs.field(factory=trio.Event)
+    reply: Mapping[str, Any] | None = None
+    down: str | None = None
+
+
+@attrs.define(eq=False)
+class NodeLink:
+    """One node stream (see the module docstring). Run with `run()`; `up` is set once connected."""
+
+    node: NodeInfo
+    secret: str = attrs.field(repr=False)
+    clients: dict[str, Notify] = attrs.field(factory=dict)
+    """Client key → where its notifications go."""
+    up: trio.Event = attrs.field(factory=trio.Event)
+    down: str | None = None
+    """Why the link is down (None while it may be used)."""
+    _opened: set[str] = attrs.field(factory=set)
+    _waiters: dict[int, _Waiter] = attrs.field(factory=dict)
+    _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
+    _send: trio.MemorySendChannel[str] | None = None
+    _cancel: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+    @property
+    def node_id(self) -> str:
+        """The node this link reaches."""
+        return self.node.node_id
+
+    async def run(self) -> None:
+        """Connect, then serve the stream until it drops or `close()`; never raises.
+
+        Cancellation: closes the websocket; waiting calls fail with `NodeDown`.
+        """
+        reason = "node stream closed"
+        try:
+            with self._cancel:
+                reason = await self._connect_and_serve()
+        except (
+            OSError,
+            trio.TooSlowError,
+            trio_websocket.HandshakeError,
+            trio_websocket.ConnectionClosed,
+        ) as exc:
+            reason = f"cannot keep a node stream to {self.node.endpoint}: {exc!r}"
+        finally:
+            self._fail(reason)
+
+    async def _connect_and_serve(self) -> str:
+        """Open the TCP stream (ours, so it is always closed), upgrade it, serve it."""
+        url = urllib.parse.urlsplit(self.node.endpoint)
+        host, port = url.hostname or "", url.port or 80
+        with trio.fail_after(CONNECT_TIMEOUT_SECONDS):
+            stream = await trio.open_tcp_stream(host, port)
+        try:
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(CONNECT_TIMEOUT_SECONDS):
+                    websocket = await trio_websocket.wrap_client_stream(
+                        nursery,
+                        stream,
+                        host,
+                        url.path or "/",
+                        extra_headers=[(b"Authorization", f"Bearer {self.secret}".encode())],
+                        max_message_size=MAX_LINK_FRAME,
+                    )
+                reason = await self._serve(websocket)
+                nursery.cancel_scope.cancel()
+            return reason
+        except trio.TooSlowError:
+            return (
+                f"node {self.node_id!r} did not accept a node stream "
+                f"within {CONNECT_TIMEOUT_SECONDS} s"
+            )
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _serve(self, websocket: trio_websocket.WebSocketConnection) -> str:
+        send, receive = trio.open_memory_channel[str](SEND_QUEUE)
+        self._send = send
+        self.up.set()
+        reason = "node stream closed"
+        async with trio.open_nursery() as nursery:
+
+            async def write() -> None:
+                async for text in receive:
+                    await websocket.send_message(text)
+
+            nursery.start_soon(write)
+            try:
+                while True:
+                    text = await websocket.get_message()
+                    self._deliver(wire.parse(text))
+            except trio_websocket.ConnectionClosed as exc:
+                reason = f"node {self.node_id!r} closed its stream: {exc.reason}"
+            except wire.EnvelopeError as exc:
+                reason = f"node {self.node_id!r} sent garbage: {exc}"
+            finally:
+                nursery.cancel_scope.cancel()
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await websocket.aclose()
+        return reason
+
+    def close(self, reason: str) -> None:
+        """Drop the link (the node left the view): waiting calls fail with `NodeDown`."""
+        self._fail(reason)
+        self._cancel.cancel()
+
+    def _fail(self, reason: str) -> None:
+        if self.down is None:
+            self.down = reason
+        self.up.set()
+        if self._send is not None:
+            self._send.close()
+        for waiter in self._waiters.values():
+            waiter.down = self.down
+            waiter.done.set()
+        self._waiters.clear()
+        for key, notify in list(self.clients.items()):
+            notify(self.node_id, {"_linkDown": self.down})
+            self.clients.pop(key, None)
+
+    def _deliver(self, envelope: wire.Envelope) -> None:
+        notify = self.clients.get(envelope.key)
+        if envelope.end is not None:
+            self._opened.discard(envelope.key)
+            # The node closed this client (e.g. its session broke there): its calls retry.
+            for waiting_id, waiter in list(self._waiters.items()):
+                if waiter.key == envelope.key:
+                    del self._waiters[waiting_id]
+                    waiter.down = f"node {self.node_id!r} closed the client: {envelope.reason}"
+                    waiter.done.set()
+            if notify is not None:
+                notify(self.node_id, {"_clientEnded": envelope.end, "reason": envelope.reason})
+            return
+        for text in envelope.texts:
+            message = json.loads(text)
+            for one in message if isinstance(message, list) else [message]:
+                answered = one.get("id") if "method" not in one else None
+                found = self._waiters.pop(answered, None) if isinstance(answered, int) else None
+                if found is not None:
+                    found.reply = one
+                    found.done.set()
+                elif "method" in one and notify is not None:
+                    notify(self.node_id, one)
+
+    async def _put(self, text: str) -> None:
+        if self.down is not None or self._send is None:
+            raise NodeDown(self.down or f"node {self.node_id!r} is not connected")
+        try:
+            await self._send.send(text)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise NodeDown(self.down or f"node {self.node_id!r} stream closed") from None
+
+    async def _ensure_open(self, key: str, notify: Notify) -> None:
+        self.clients[key] = notify
+        if key in self._opened:
+            return
+        self._opened.add(key)
+        try:
+            reply = await self._request(key, "initialize", {"protocolVersion": 1})
+        except BaseException:
+            self._opened.discard(key)
+            raise
+        if "error" in reply:
+            self._opened.discard(key)
+            raise NodeDown(f"node {self.node_id!r} refused initialize: {reply['error']}")
+
+    async def _request(self, key: str, method: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        rpc_id = next(self._ids)
+        waiter = self._waiters[rpc_id] = _Waiter(key=key)
+        try:
+            await self._put(
+                wire.to_node(
+                    key, dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params})
+                )
+            )
+            await waiter.done.wait()
+        finally:
+            self._waiters.pop(rpc_id, None)
+        if waiter.reply is None:
+            raise NodeDown(waiter.down or f"node {self.node_id!r} went away")
+        return waiter.reply
+
+    async def call(
+        self, key: str, notify: Notify, method: str, params: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        """Send one request for client `key` and return the node's reply message.
+
+        Cancellation: the call is abandoned (the node still runs it; its
+        reply is dropped).
+
+        Raises:
+            NodeDown: the link is down or dropped before the reply came.
+        """
+        await self.up.wait()
+        await self._ensure_open(key, notify)
+        return await self._request(key, method, params)
+
+    async def notify(
+        self, key: str, notify: Notify, method: str, params: Mapping[str, Any]
+    ) -> None:
+        """Send one notification for client `key`.
+
+        Raises:
+            NodeDown: the link is down.
+        """
+        await self.up.wait()
+        await self._ensure_open(key, notify)
+        await self._put(
+            wire.to_node(key, dumps({"jsonrpc": "2.0", "method": method, "params": params}))
+        )
+
+    async def end(self, key: str) -> None:
+        """Close client `key`'s virtual connection on the node (a no-op when it has none)."""
+        self.clients.pop(key, None)
+        if key in self._opened and self.down is None:
+            self._opened.discard(key)
+            with contextlib.suppress(NodeDown):  # the node's side ended with the stream
+                await self._put(wire.end_to_node(key))

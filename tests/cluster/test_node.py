@@ -1,0 +1,143 @@
+"""One node process in process: its node stream, takeover, request ids, `harness node`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors.messages import UserSource
+from actors.session.events import TurnStart, UserMessage
+from actors.session.postgres_store import PostgresStore
+from supervision.cluster import Membership
+from supervision.cluster.node import run_node
+from supervision.config import ConfigError, parse_config
+from tests.cluster.helpers import CLUSTER_SECRET, cluster_config, raw_node_client, write_config
+
+
+@pytest.fixture(autouse=True)
+def _secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESS_CLUSTER_TOKEN", CLUSTER_SECRET)
+
+
+async def stored_events(dsn: str, session_id: str) -> list[object]:
+    store = PostgresStore(dsn)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.serve)
+        events = await store.load(session_id)
+        nursery.cancel_scope.cancel()
+    return list(events)
+
+
+async def test_a_node_registers_and_serves_prompts_with_request_ids(postgres_dsn: str) -> None:
+    config = cluster_config(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        endpoint = await nursery.start(
+            lambda task_status: run_node(config, node_id="n1", task_status=task_status)
+        )
+        assert endpoint.startswith("ws://127.0.0.1:")
+        nodes = await Membership(postgres_dsn).live_nodes()
+        assert [(n.node_id, n.endpoint) for n in nodes] == [("n1", endpoint)]
+        async with raw_node_client(endpoint) as client:
+            new = await client.call(
+                "session/new",
+                {"cwd": "/", "mcpServers": [], "_meta": {"harness": {"sessionId": "s-1"}}},
+            )
+            assert new == {"sessionId": "s-1"}
+            prompt = {
+                "sessionId": "s-1",
+                "prompt": [{"type": "text", "text": "hello"}],
+                "_meta": {"harness": {"requestId": "req-1"}},
+            }
+            first = await client.call("session/prompt", prompt)
+            assert first["stopReason"] == "end_turn"
+            # The same request id again is answered from the log: no second turn.
+            again = await client.call("session/prompt", prompt)
+            assert again == first
+        nursery.cancel_scope.cancel()
+    events = await stored_events(postgres_dsn, "s-1")
+    users = [e.data for e in events if isinstance(e.data, UserMessage)]  # type: ignore[attr-defined]
+    assert [u.source for u in users] == [UserSource(request_id="req-1")]
+    turns = [e for e in events if isinstance(e.data, TurnStart)]  # type: ignore[attr-defined]
+    assert len(turns) == 1
+
+
+async def test_a_node_refuses_a_wrong_secret(postgres_dsn: str) -> None:
+    config = cluster_config(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        endpoint = await nursery.start(
+            lambda task_status: run_node(config, task_status=task_status)
+        )
+        host, _, port = endpoint.removeprefix("ws://").partition(":")
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(
+                b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                b"Authorization: Bearer wrong\r\n\r\n"
+            )
+            with trio.fail_after(10):
+                answer = await stream.receive_some()
+        assert answer.startswith(b"HTTP/1.1 401"), answer
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_needs_the_cluster_secret(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HARNESS_CLUSTER_TOKEN")
+    with pytest.raises(ConfigError, match="HARNESS_CLUSTER_TOKEN"):
+        await run_node(cluster_config(postgres_dsn))
+
+
+def test_harness_node_prints_its_line_and_exits_0_on_sigterm(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path / "cluster.toml", postgres_dsn)
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "supervision.cli",
+            "node",
+            "--config",
+            str(config),
+            "--node-id",
+            "cli-1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "HARNESS_CLUSTER_TOKEN": CLUSTER_SECRET},
+        cwd=tmp_path,
+    ) as process:
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline().decode()
+            assert line.startswith("harness node cli-1 listening on ws://127.0.0.1:"), line
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+
+def test_the_cluster_table_is_strict() -> None:
+    base = {
+        "store": {"url": "postgresql://h/db"},
+        "providers": {"default": {"kind": "simulator"}},
+        "agents": {"default": {}},
+    }
+    with pytest.raises(ConfigError, match="unknown key 'ring' in \\[cluster\\]"):
+        parse_config({**base, "cluster": {"nodes": "postgres", "ring": 1}}, "<t>")
+    with pytest.raises(ConfigError, match="cluster"):
+        parse_config({**base, "cluster": {"nodes": "etcd"}}, "<t>")
+    no_url = {k: v for k, v in base.items() if k != "store"}
+    with pytest.raises(ConfigError, match="needs \\[store\\] url"):
+        parse_config({**no_url, "cluster": {"nodes": "postgres"}}, "<t>")
+    config = parse_config({**base, "cluster": {"nodes": "postgres"}}, "<t>")
+    assert config.cluster is not None and config.cluster.token_env == "HARNESS_CLUSTER_TOKEN"
