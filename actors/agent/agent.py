@@ -110,19 +110,17 @@ class Agent:
     _running: bool = False
     _parked: bool = False
     _turn_scope: trio.CancelScope | None = None
-    _idle: trio.Event = attrs.field(factory=trio.Event)
-    _turn_done: trio.Event = attrs.field(factory=trio.Event)
+    # Events exist only while someone may wait for them (None: idle / no turn), so an
+    # idle agent keeps none.
+    _idle: trio.Event | None = None
+    _turn_done: trio.Event | None = None
     _closed: bool = False
     _waiters: dict[int, _RunWaiter] = attrs.field(factory=dict)
-
-    def __attrs_post_init__(self) -> None:
-        self._idle.set()
-        self._turn_done.set()
 
     @property
     def status(self) -> Literal["idle", "running"]:
         """ "running" while a turn runs or woken input waits for one, else "idle"."""
-        return "idle" if self._idle.is_set() else "running"
+        return "idle" if self._idle is None else "running"
 
     @property
     def inbox(self) -> Inbox:
@@ -299,7 +297,7 @@ class Agent:
 
         Cancellation: cancellable; nothing is affected by cancelling it.
         """
-        while not self._idle.is_set():
+        while self._idle is not None:
             await self._idle.wait()
         await trio.lowlevel.checkpoint()
 
@@ -314,9 +312,10 @@ class Agent:
 
     def _refresh_idle(self) -> None:
         idle = not self._running and not self._wake_requested
-        if idle and not self._idle.is_set():
+        if idle and self._idle is not None:
             self._idle.set()
-        elif not idle and self._idle.is_set():
+            self._idle = None
+        elif not idle and self._idle is None:
             self._idle = trio.Event()
 
     # -- tasks ------------------------------------------------------------
@@ -361,7 +360,7 @@ class Agent:
         self.session.hibernate()
 
     async def _run_one_turn(self) -> None:
-        self._turn_done = trio.Event()
+        done = self._turn_done = trio.Event()
         start = len(self.session)
         try:
             with trio.CancelScope() as scope:
@@ -370,7 +369,8 @@ class Agent:
         finally:
             self._turn_scope = None
             self._settle_run(start)
-            self._turn_done.set()
+            self._turn_done = None
+            done.set()
 
     def _settle_run(self, start: int) -> None:
         """Hand the turn that began at seq `start` to the `run()` waiting for its message."""
@@ -414,8 +414,11 @@ class Agent:
         if self._turn_scope is not None:
             self._loop.abort_cause = "disposed"
             self._turn_scope.cancel()
+        done = self._turn_done
+        if done is None:
+            return
         with trio.CancelScope(shield=True), trio.move_on_after(WRITE_GRACE_SECONDS * 2):
-            await self._turn_done.wait()
+            await done.wait()
 
 
 @asynccontextmanager

@@ -44,6 +44,7 @@ async def test_an_idle_agent_has_no_task_of_its_own_and_input_starts_one() -> No
         await trio.testing.wait_all_tasks_blocked()
         assert not agent.statistics().loop_task
         assert not agent._nursery.child_tasks
+        assert agent._idle is None and agent._turn_done is None  # no event kept either
         agent.followup("two")
         await agent.when_idle()
     assert turn_end_kinds(agent.session) == ["completed", "completed"]
