@@ -38,7 +38,7 @@ import trio
 
 from actors.boundary import one_exception
 from supervision.cluster.node import run_node
-from supervision.config import parse_config
+from supervision.config import load_config, parse_config
 from supervision.supervisor import SupervisionError
 
 DEFAULT_READY_TIMEOUT_SECONDS = 60.0
@@ -141,8 +141,8 @@ class RayLauncher:
         """
         if self._actors:
             raise RayLauncherError(f"{self._label}: already started; stop() it first")
+        load_config(self.config_path)  # fail before starting anything
         text = self.config_path.read_text(encoding="utf-8")
-        parse_config(tomllib.loads(text), str(self.config_path))  # fail before starting
         ray = self._connect()
         scheduling = importlib.import_module("ray.util.scheduling_strategies")
         node_actor = ray.remote(max_restarts=self.max_restarts, max_task_retries=0, num_cpus=0)(

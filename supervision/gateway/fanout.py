@@ -3,10 +3,11 @@
 A feed waits until the session's next seq is durable (the store's commit
 wakes it; the agent never waits for it), lets the session commit for
 another `linger` (2 ms, so a streamed step goes out in a few batches, not
-one per chunk), reads every durable event from there once, encodes each
-event's JSON once, and hands the batch to each subscriber synchronously:
-a live log subscription turns it into frames that share the encoded
-bytes, a status watcher looks for turn starts and ends. So committed
+one per chunk; only while few sessions commit at once), reads every
+durable event from there once, encodes each event's JSON once, and hands
+the batch to each subscriber synchronously: a live log subscription turns
+it into frames that share the encoded bytes, a status watcher looks for
+turn starts and ends. So committed
 events cost one wakeup per session, whatever the number of subscribers,
 and one encoding each.
 
@@ -37,6 +38,10 @@ FEED_BATCH = 1024
 
 FEED_LINGER_SECONDS = 0.002
 """How long a woken feed waits for the session's next commits before it reads and hands out."""
+
+MAX_LINGERING = 8
+"""Feeds that may linger at once. When more sessions commit at the same time the runtime is
+busy: the feeds read at once, and the connections' writers batch across sessions anyway."""
 
 WaitDurable = Callable[[str, int], Awaitable[None]]
 """`wait(session_id, seq)`: returns once `seq` is durable (the store's `wait_durable`)."""
@@ -80,6 +85,7 @@ class Fanout:
     wait: WaitDurable
     read: ReadDurable
     linger: float = FEED_LINGER_SECONDS
+    _lingering: int = attrs.field(default=0, init=False)
     _feeds: dict[str, _Feed] = attrs.field(factory=dict, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
 
@@ -153,7 +159,12 @@ class Fanout:
                         # The first durable event wakes the feed; what the session commits
                         # in the next moment (the rest of a streamed step) goes out with it.
                         await self.wait(feed.session_id, feed.next_seq)
-                        await trio.sleep(self.linger)
+                        if self._lingering < MAX_LINGERING:
+                            self._lingering += 1
+                            try:
+                                await trio.sleep(self.linger)
+                            finally:
+                                self._lingering -= 1
                     events, head = await self.read(feed.session_id, feed.next_seq, FEED_BATCH)
                     feed.next_seq = events[-1].seq + 1
                     subscribers = feed.subscribers

@@ -59,6 +59,11 @@ def test_an_invalid_deployment_fails_before_ray_is_touched(
         RayLauncher(config, address="127.0.0.2:6390").start()
 
 
+def test_a_missing_deployment_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"deploy\.toml' does not exist"):
+        RayLauncher(tmp_path / "deploy.toml", address="127.0.0.2:6390").start()
+
+
 def test_asking_for_nodes_before_start_is_an_error(tmp_path: Path) -> None:
     launcher = RayLauncher(tmp_path / "deploy.toml", address="127.0.0.2:6390")
     with pytest.raises(RayLauncherError, match=r"not started; call start\(\) first"):
