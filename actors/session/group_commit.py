@@ -77,7 +77,8 @@ class WriterStatistics:
             last 1,024, bounded memory).
         fenced_appends: appends refused because this store's lease on their
             session was taken over (by the database's epoch check, or here
-            once that was learnt).
+            once that was learnt), or because another writer had taken
+            their seqs (a stale writer's late writes).
     """
 
     pending_appends: int
@@ -538,6 +539,9 @@ class GroupCommitter:
             return SessionFencedError(message, session_id=session_id, epoch=epoch or 0)
         if kind == "busy":
             return SessionBusyError(message, session_id=session_id, holder=holder)
+        if requests and requests[0].epoch is not None:
+            # A writer with a lease whose seqs another writer took: a stale writer, refused.
+            self._fenced_appends += len(requests)
         return SessionError(message)
 
     async def _commit_at_shutdown(self, link: WriterLink, batch: list[PendingAppend]) -> None:

@@ -180,6 +180,10 @@ class PostgresStore:
     lease_ttl: float = attrs.field(
         default=DEFAULT_LEASE_TTL_SECONDS, kw_only=True, validator=attrs.validators.gt(0)
     )
+    lease_owner: str | None = attrs.field(default=None, kw_only=True)
+    """Who this store's leases name when `acquire_lease` is given no owner (default: the
+    process, `pid N on host 'H'`); a cluster node names itself, so callers refused as busy
+    learn which node holds the session."""
     _schema_ready: bool = attrs.field(default=False, init=False)
     _idle: list[_Connection] = attrs.field(factory=list, init=False)
     _readers: trio.CapacityLimiter = attrs.field(
@@ -311,7 +315,7 @@ class PostgresStore:
                 message names the session and the holder.
             SessionError: the database cannot be reached or written.
         """
-        holder = owner or default_owner()
+        holder = owner or self.lease_owner or default_owner()
 
         def take(connection: _Connection) -> Lease:
             params = {"session_id": session_id, "owner": holder, "ttl": self.lease_ttl}

@@ -159,7 +159,7 @@ class Membership:
             task_status.started(info)
             while True:
                 await trio.sleep(self.heartbeat_interval)
-                if not await self._call(_heartbeat, connection, info):
+                if not await self._call(_heartbeat, connection, info, self.dead_after):
                     raise MembershipError(
                         f"node {node_id!r}: incarnation {info.incarnation} was replaced by "
                         "another start of the same node id; this one stops heartbeating"
@@ -260,13 +260,38 @@ def _register(connection: _Connection, info: NodeInfo) -> None:
         connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, info.node_id))
 
 
-def _heartbeat(connection: _Connection, info: NodeInfo) -> bool:
-    cursor = connection.execute(
-        "UPDATE harness_nodes SET heartbeat_at = clock_timestamp() "
-        "WHERE node_id = %s AND incarnation = %s",
-        (info.node_id, info.incarnation),
-    )
-    return cursor.rowcount == 1
+_HEARTBEAT = """
+WITH previous AS (
+    SELECT heartbeat_at FROM harness_nodes
+    WHERE node_id = %(node_id)s AND incarnation = %(incarnation)s FOR UPDATE
+)
+UPDATE harness_nodes SET heartbeat_at = clock_timestamp()
+FROM previous
+WHERE node_id = %(node_id)s AND incarnation = %(incarnation)s
+RETURNING previous.heartbeat_at + make_interval(secs => %(dead_after)s) <= clock_timestamp()
+"""
+
+
+def _heartbeat(connection: _Connection, info: NodeInfo, dead_after: float) -> bool:
+    """Renew the heartbeat; False when the row is gone (replaced by another start).
+
+    A node whose previous heartbeat was already too old (it was stalled, and
+    counted as dead) announces its return, so views take it back at once.
+    """
+    with connection.transaction():
+        row = connection.execute(
+            _HEARTBEAT.encode(),
+            {
+                "node_id": info.node_id,
+                "incarnation": info.incarnation,
+                "dead_after": dead_after,
+            },
+        ).fetchone()
+        if row is None:
+            return False
+        if row[0]:
+            connection.execute("SELECT pg_notify(%s, %s)", (CHANNEL, info.node_id))
+    return True
 
 
 def _leave_and_close(connection: _Connection, info: NodeInfo) -> None:

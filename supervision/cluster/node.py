@@ -25,8 +25,9 @@ import attrs
 import trio
 import trio_websocket
 
+from actors.session.postgres_store import PostgresStore
 from supervision.cluster.membership import Membership, MembershipView
-from supervision.cluster.node_methods import NODE_METHODS
+from supervision.cluster.node_methods import NODE_METHODS, lease_owner
 from supervision.cluster.node_rebalance import Rebalancer
 from supervision.cluster.wire import EnvelopeError, end_to_gateway, parse, to_gateway
 from supervision.config import ConfigError, DeploymentConfig
@@ -264,6 +265,9 @@ async def run_node(
     async def host_sessions(task_status: trio.TaskStatus[str]) -> None:
         with trio.CancelScope() as shield:
             async with open_deployment(config) as deployment:
+                store = deployment.runtime.store
+                if isinstance(store, PostgresStore):
+                    store.lease_owner = lease_owner(node_id)
                 gateway: Gateway | None = None
 
                 async def handle(request: trio_websocket.WebSocketRequest) -> None:

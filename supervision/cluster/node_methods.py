@@ -28,6 +28,7 @@ import attrs
 from actors.messages import Message, TextBlock, UserSource
 from actors.session import Event, SessionBusyError, UnknownSessionError
 from actors.session.events import StepStart, TurnEnd, TurnStart, UserMessage
+from actors.session.lease import default_owner
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
 from supervision.gateway.acp_methods import require_session, user_message
 from supervision.gateway.connection import DEFERRED, Call
@@ -42,14 +43,34 @@ from supervision.gateway.protocol import (
 )
 from supervision.supervisor import ChildStoppedError, SupervisionError
 
+NODE_LEASE_OWNER = "harness node {node_id}: {process}"
+"""The lease owner a node's store writes, so a refused caller learns the holding node's id."""
 
-def moved(session_id: str, cause: BaseException) -> RpcError:
-    """The `MOVED` answer for `session_id`, naming why (the holder, from the busy error)."""
-    return RpcError(
-        MOVED,
-        f"session {session_id!r} is held by another node: {cause}",
-        {"reason": "moved", "sessionId": session_id, "retryAfterMs": MOVED_RETRY_MS},
-    )
+
+def lease_owner(node_id: str) -> str:
+    """The lease owner string of node `node_id` (this process)."""
+    return NODE_LEASE_OWNER.format(node_id=node_id, process=default_owner())
+
+
+def holder_node(holder: str) -> str | None:
+    """The node id in a lease owner string written by a node, or None (another process)."""
+    prefix, sep, _ = holder.partition(": ")
+    if not sep or not prefix.startswith("harness node "):
+        return None
+    return prefix.removeprefix("harness node ") or None
+
+
+def moved(session_id: str, cause: SessionBusyError) -> RpcError:
+    """The `MOVED` answer for `session_id`: who holds it (`holderNode` when a node does)."""
+    data: dict[str, Any] = {
+        "reason": "moved",
+        "sessionId": session_id,
+        "retryAfterMs": MOVED_RETRY_MS,
+    }
+    node = holder_node(cause.holder) if cause.holder else None
+    if node is not None:
+        data["holderNode"] = node
+    return RpcError(MOVED, f"session {session_id!r} is held by another node: {cause}", data)
 
 
 def _busy_cause(exc: BaseException) -> SessionBusyError | None:

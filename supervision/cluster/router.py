@@ -5,10 +5,13 @@ which are live; a node that leaves the view has its link closed at once,
 so its callers retry) and places each session by rendezvous over the live
 nodes. `forward` sends one call to the session's owner and retries it on
 the next-ranked node when the owner's link drops, or on the owner after
-`retryAfterMs` when it answers `MOVED` (its lease is still held
-elsewhere), until `retry_deadline`. A retried `session/prompt` carries the
-same request id, so the node that takes the session over answers a prompt
-that was already logged from the log.
+`retryAfterMs` when it answers `MOVED` (its lease is still held elsewhere:
+by a dead node until the lease runs out, or by a live one until it
+releases the session at a turn boundary), until `retry_deadline`. The
+calls are not sent to the holder instead, so that it goes idle and
+releases the session to its owner. A retried
+`session/prompt` carries the same request id, so the node that takes the
+session over answers a prompt that was already logged from the log.
 
 `RouterClient` is one supervisor connection's side of it: its key on every
 node link, and the routing of notifications back to that connection. Its
@@ -32,7 +35,7 @@ import trio
 
 from supervision.cluster.membership import MembershipView, NodeInfo
 from supervision.cluster.placement import ranked
-from supervision.cluster.router_link import NodeDown, NodeLink
+from supervision.cluster.router_link import ClientEnded, NodeDown, NodeLink
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
 from supervision.gateway.connection import CLOSE_INTERNAL, Connection
 from supervision.gateway.protocol import INTERNAL_ERROR, OVERLOADED, RpcError
@@ -41,6 +44,9 @@ log = logging.getLogger(__name__)
 
 RETRY_DEADLINE_SECONDS = 60.0
 """How long a call is retried (node deaths, `MOVED`) before it fails -33003."""
+
+CLIENT_ENDED_RETRY_SECONDS = 0.1
+"""The pause before asking a node again that closed the caller's virtual connection."""
 
 UNROUTED_LIMIT = 10_000
 """Log notifications held for a subscription whose reply has not been handled yet."""
@@ -122,6 +128,12 @@ class Router:
                     continue
                 try:
                     reply = await self.link(node).call(client.key, client.notify, method, params)
+                except ClientEnded as exc:
+                    # The node is up; it ended this client (e.g. a session broke there).
+                    last = str(exc)
+                    self.retries += 1
+                    await trio.sleep(CLIENT_ENDED_RETRY_SECONDS)
+                    continue
                 except NodeDown as exc:
                     last = str(exc)
                     excluded.add(node.node_id)
@@ -131,8 +143,9 @@ class Router:
                 if isinstance(error, Mapping) and error.get("code") == MOVED:
                     last = str(error.get("message"))
                     data = error.get("data")
-                    wait = data.get("retryAfterMs") if isinstance(data, Mapping) else None
+                    data = data if isinstance(data, Mapping) else {}
                     self.retries += 1
+                    wait = data.get("retryAfterMs")
                     await trio.sleep((wait if isinstance(wait, int) else MOVED_RETRY_MS) / 1000)
                     continue
                 if session_id:

@@ -42,6 +42,10 @@ class NodeDown(Exception):
     """The node stream is gone (or could not be opened): retry the call on another node."""
 
 
+class ClientEnded(NodeDown):
+    """The node closed this client's virtual connection (the stream is up): retry there."""
+
+
 Notify = Callable[[str, Mapping[str, Any]], None]
 """`notify(node_id, message)`: a notification (or the node ending the client) for one client."""
 
@@ -52,6 +56,7 @@ class _Waiter:
     done: trio.Event = attrs.field(factory=trio.Event)
     reply: Mapping[str, Any] | None = None
     down: str | None = None
+    client_ended: bool = False
 
 
 @attrs.define(eq=False)
@@ -66,6 +71,9 @@ class NodeLink:
     down: str | None = None
     """Why the link is down (None while it may be used)."""
     _opened: set[str] = attrs.field(factory=set)
+    _generations: dict[str, int] = attrs.field(factory=dict)
+    """Client key → how often the node ended it: each reopening uses a new wire key, so
+    frames still in flight for the ended one never reach the new virtual connection."""
     _waiters: dict[int, _Waiter] = attrs.field(factory=dict)
     _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
     _send: trio.MemorySendChannel[str] | None = None
@@ -168,15 +176,27 @@ class NodeLink:
             notify(self.node_id, {"_linkDown": self.down})
             self.clients.pop(key, None)
 
+    def _wire_key(self, key: str) -> str:
+        return f"{key}~{self._generations.get(key, 0)}"
+
     def _deliver(self, envelope: wire.Envelope) -> None:
-        notify = self.clients.get(envelope.key)
+        key, _, generation = envelope.key.rpartition("~")
+        if not generation.isdigit() or int(generation) != self._generations.get(key, 0):
+            return  # a virtual connection this link already gave up
+        notify = self.clients.get(key)
         if envelope.end is not None:
-            self._opened.discard(envelope.key)
+            self._opened.discard(key)
+            self._generations[key] = int(generation) + 1
+            if self._send is not None:
+                # Frames already on their way reopen the ended key on the node; end it again.
+                with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
+                    self._send.send_nowait(wire.end_to_node(envelope.key))
             # The node closed this client (e.g. its session broke there): its calls retry.
             for waiting_id, waiter in list(self._waiters.items()):
-                if waiter.key == envelope.key:
+                if waiter.key == key:
                     del self._waiters[waiting_id]
                     waiter.down = f"node {self.node_id!r} closed the client: {envelope.reason}"
+                    waiter.client_ended = True
                     waiter.done.set()
             if notify is not None:
                 notify(self.node_id, {"_clientEnded": envelope.end, "reason": envelope.reason})
@@ -220,13 +240,16 @@ class NodeLink:
         try:
             await self._put(
                 wire.to_node(
-                    key, dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params})
+                    self._wire_key(key),
+                    dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}),
                 )
             )
             await waiter.done.wait()
         finally:
             self._waiters.pop(rpc_id, None)
         if waiter.reply is None:
+            if waiter.client_ended:
+                raise ClientEnded(waiter.down or f"node {self.node_id!r} closed the client")
             raise NodeDown(waiter.down or f"node {self.node_id!r} went away")
         return waiter.reply
 
@@ -256,7 +279,9 @@ class NodeLink:
         await self.up.wait()
         await self._ensure_open(key, notify)
         await self._put(
-            wire.to_node(key, dumps({"jsonrpc": "2.0", "method": method, "params": params}))
+            wire.to_node(
+                self._wire_key(key), dumps({"jsonrpc": "2.0", "method": method, "params": params})
+            )
         )
 
     async def end(self, key: str) -> None:
@@ -265,4 +290,4 @@ class NodeLink:
         if key in self._opened and self.down is None:
             self._opened.discard(key)
             with contextlib.suppress(NodeDown):  # the node's side ended with the stream
-                await self._put(wire.end_to_node(key))
+                await self._put(wire.end_to_node(self._wire_key(key)))

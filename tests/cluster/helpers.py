@@ -146,13 +146,26 @@ class RawNodeClient:
 async def raw_node_client(
     endpoint: str, secret: str = CLUSTER_SECRET
 ) -> AsyncIterator[RawNodeClient]:
-    """A node-stream client connected to `endpoint`, initialized."""
-    async with trio_websocket.open_websocket_url(
-        endpoint, extra_headers=[("Authorization", f"Bearer {secret}")]
-    ) as websocket:
-        client = RawNodeClient(websocket=websocket)
-        await client.call("initialize", {"protocolVersion": 1})
-        yield client
+    """A node-stream client connected to `endpoint`, initialized; its TCP stream always closed."""
+    host, _, port = endpoint.removeprefix("ws://").partition(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    try:
+        async with trio.open_nursery() as nursery:
+            websocket = await trio_websocket.wrap_client_stream(
+                nursery,
+                stream,
+                host,
+                "/",
+                extra_headers=[(b"Authorization", f"Bearer {secret}".encode())],
+            )
+            client = RawNodeClient(websocket=websocket)
+            await client.call("initialize", {"protocolVersion": 1})
+            yield client
+            with trio.move_on_after(1):
+                await websocket.aclose()
+            nursery.cancel_scope.cancel()
+    finally:
+        await trio.aclose_forcefully(stream)
 
 
 async def start_gateway(

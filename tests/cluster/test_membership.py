@@ -113,3 +113,24 @@ async def test_the_view_places_sessions_by_rendezvous(postgres_dsn: str) -> None
 async def test_an_unreachable_database_is_named(postgres_dsn: str) -> None:
     with pytest.raises(MembershipError, match=r"cluster membership in PostgreSQL '127\.0\.0\.1:1'"):
         await Membership("postgresql://harness@127.0.0.1:1/x").live_nodes()
+
+
+async def test_a_node_back_from_a_stall_announces_its_return(postgres_dsn: str) -> None:
+    membership = Membership(postgres_dsn, heartbeat_interval=0.2, dead_after=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(membership.serve_node, "s", "127.0.0.1:7009")
+        with psycopg.connect(postgres_dsn, autocommit=True) as listener:
+            listener.execute("LISTEN harness_nodes")
+            # As if the node had been stopped for a while: its last heartbeat is long gone.
+            listener.execute(
+                "UPDATE harness_nodes SET heartbeat_at = clock_timestamp() - interval '1 min'"
+            )
+            with trio.fail_after(5):
+                while True:
+                    notices = await trio.to_thread.run_sync(
+                        lambda: list(listener.notifies(timeout=0.5, stop_after=1))
+                    )
+                    if notices:
+                        break
+            assert notices[0].payload == "s"
+        nursery.cancel_scope.cancel()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio_websocket
 
 from actors.messages import UserSource
 from actors.session.events import TurnStart, UserMessage
@@ -141,3 +142,21 @@ def test_the_cluster_table_is_strict() -> None:
         parse_config({**no_url, "cluster": {"nodes": "postgres"}}, "<t>")
     config = parse_config({**base, "cluster": {"nodes": "postgres"}}, "<t>")
     assert config.cluster is not None and config.cluster.token_env == "HARNESS_CLUSTER_TOKEN"
+
+
+async def test_a_gateway_sending_garbage_loses_its_stream_not_the_node(postgres_dsn: str) -> None:
+    config = cluster_config(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        endpoint = await nursery.start(
+            lambda task_status: run_node(config, node_id="g", task_status=task_status)
+        )
+        async with raw_node_client(endpoint) as bad:
+            await bad.websocket.send_message("this is not an envelope")
+            with trio.fail_after(10):
+                with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+                    await bad.websocket.get_message()
+            assert closed.value.reason.code == 1008
+        async with raw_node_client(endpoint) as good:
+            new = await good.call("session/new", {"cwd": "/", "mcpServers": []})
+            assert new["sessionId"]
+        nursery.cancel_scope.cancel()

@@ -53,6 +53,7 @@ async def test_sessions_are_placed_by_rendezvous_and_views_cover_every_node(
             running_cluster(config, ("a", "b"), nursery) as (_, gateway),
             connect(gateway) as client,
         ):
+            watch = (await client.call("_harness/sessions/watch", {}))["subscription"]
             ids = []
             for _ in range(6):
                 new = await client.call("session/new", {"cwd": "/", "mcpServers": []})
@@ -78,6 +79,34 @@ async def test_sessions_are_placed_by_rendezvous_and_views_cover_every_node(
             assert {row["sessionId"] for row in harness_listed["sessions"]} == set(ids)
             state = await client.call("_harness/session/state", {"sessionId": ids[0]})
             assert state["status"] == "idle"
+            added = {
+                n["params"]["session"]["sessionId"]
+                for n in client.notifications
+                if n["method"] == "_harness/sessions/changed"
+                and n["params"]["change"] == "added"
+                and n["params"]["subscription"] == watch
+            }
+            assert added == set(ids)
+            tree = (await client.call("_harness/supervision/tree", {}))["tree"]
+            assert sorted(child["path"].partition("/")[0] for child in tree["children"]) == [
+                "a",
+                "b",
+            ]
+            agents = [c for node in tree["children"] for c in node["children"]]
+            assert len(agents) == 6
+            subscribed = await client.call(
+                "_harness/log/subscribe", {"sessionId": ids[0], "fromSeq": 0}
+            )
+            assert (
+                await client.call(
+                    "_harness/log/unsubscribe", {"subscription": subscribed["subscription"]}
+                )
+                == {}
+            )
+            missing = await client.request(
+                "_harness/log/unsubscribe", {"subscription": subscribed["subscription"]}
+            )
+            assert missing["error"]["code"] == -32602
         nursery.cancel_scope.cancel()
 
 
@@ -96,6 +125,7 @@ async def test_a_node_answers_moved_for_a_session_another_node_holds(postgres_ds
         assert reply["error"]["code"] == MOVED
         assert reply["error"]["data"]["reason"] == "moved"
         assert reply["error"]["data"]["retryAfterMs"] > 0
+        assert reply["error"]["data"]["holderNode"] == holder
         assert "held by another node" in reply["error"]["message"]
         nursery.cancel_scope.cancel()
 
