@@ -80,6 +80,11 @@ def default_node_id() -> str:
     return f"{socket.gethostname()}-{secrets.token_hex(3)}"
 
 
+def _url_host(host: str) -> str:
+    """`host` as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
 def _host_port(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -309,7 +314,7 @@ async def run_node(
                         raise NodeError(
                             f"node {node_id!r} cannot listen on {listen}: {exc}"
                         ) from exc
-                    endpoint = f"ws://{host}:{server.port}"
+                    endpoint = f"ws://{_url_host(host)}:{server.port}"
                     gateway = node_gateway(
                         deployment,
                         profiles_of(deployment),

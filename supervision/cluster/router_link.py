@@ -38,6 +38,26 @@ MAX_LINK_FRAME = 16 * 1024 * 1024
 """The largest envelope a node may send (a batch of one client's frames)."""
 
 
+def endpoint_address(node: NodeInfo) -> tuple[str, int, str]:
+    """The host, port and path of `node`'s `ws://HOST:PORT[/PATH]` endpoint (IPv6 bracketed).
+
+    Raises:
+        ValueError: the endpoint is not such a URL (the message names the node).
+    """
+    try:
+        url = urllib.parse.urlsplit(node.endpoint)
+        host, port = url.hostname, url.port
+    except ValueError as exc:
+        raise ValueError(
+            f"node {node.node_id!r} has a malformed endpoint {node.endpoint!r}: {exc}"
+        ) from None
+    if url.scheme != "ws" or not host or port is None:
+        raise ValueError(
+            f"node {node.node_id!r} has endpoint {node.endpoint!r}; expected ws://HOST:PORT"
+        )
+    return host, port, url.path or "/"
+
+
 class NodeDown(Exception):
     """The node stream is gone (or could not be opened): retry the call on another node."""
 
@@ -87,6 +107,10 @@ class NodeLink:
     async def run(self) -> None:
         """Connect, then serve the stream until it drops or `close()`; never raises.
 
+        Any failure (an unreachable or malformed endpoint, a node sending
+        garbage, a bug) fails this link only: its waiting calls fail with
+        `NodeDown` and the reason names the node.
+
         Cancellation: closes the websocket; waiting calls fail with `NodeDown`.
         """
         reason = "node stream closed"
@@ -100,13 +124,17 @@ class NodeLink:
             trio_websocket.ConnectionClosed,
         ) as exc:
             reason = f"cannot keep a node stream to {self.node.endpoint}: {exc!r}"
+        except ValueError as exc:  # a malformed endpoint row (see `endpoint_address`)
+            reason = str(exc)
+        except Exception as exc:
+            log.exception("node stream to %s failed", self.node_id)
+            reason = f"node stream to {self.node_id!r} at {self.node.endpoint} failed: {exc!r}"
         finally:
             self._fail(reason)
 
     async def _connect_and_serve(self) -> str:
         """Open the TCP stream (ours, so it is always closed), upgrade it, serve it."""
-        url = urllib.parse.urlsplit(self.node.endpoint)
-        host, port = url.hostname or "", url.port or 80
+        host, port, path = endpoint_address(self.node)
         with trio.fail_after(CONNECT_TIMEOUT_SECONDS):
             stream = await trio.open_tcp_stream(host, port)
         try:
@@ -116,7 +144,7 @@ class NodeLink:
                         nursery,
                         stream,
                         host,
-                        url.path or "/",
+                        path,
                         extra_headers=[(b"Authorization", f"Bearer {self.secret}".encode())],
                         max_message_size=MAX_LINK_FRAME,
                     )
@@ -202,8 +230,13 @@ class NodeLink:
                 notify(self.node_id, {"_clientEnded": envelope.end, "reason": envelope.reason})
             return
         for text in envelope.texts:
-            message = json.loads(text)
+            try:
+                message = json.loads(text)
+            except ValueError as exc:
+                raise wire.EnvelopeError(f"a frame for {key!r} is not JSON: {exc}") from None
             for one in message if isinstance(message, list) else [message]:
+                if not isinstance(one, dict):
+                    raise wire.EnvelopeError(f"a frame for {key!r} is not a JSON-RPC object")
                 answered = one.get("id") if "method" not in one else None
                 found = self._waiters.pop(answered, None) if isinstance(answered, int) else None
                 if found is not None:

@@ -1,0 +1,122 @@
+"""A misbehaving node fails its own link only: the cluster gateway stays up and says why."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+import pytest
+import trio
+import trio_websocket
+
+from supervision.cluster import Membership
+from supervision.cluster.node import run_node
+from supervision.cluster.wire import parse, to_gateway
+from tests.cluster.helpers import (
+    CLUSTER_SECRET,
+    cluster_config,
+    running_cluster,
+    wait_nodes,
+)
+from tests.gateway.helpers import connect
+
+Behaviour = Callable[[trio_websocket.WebSocketConnection], Awaitable[None]]
+
+
+@pytest.fixture(autouse=True)
+def _secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESS_CLUSTER_TOKEN", CLUSTER_SECRET)
+
+
+@asynccontextmanager
+async def fake_node(
+    dsn: str, node_id: str, behaviour: Behaviour, *, endpoint: str | None = None
+) -> AsyncIterator[None]:
+    """A websocket server on 127.0.0.1 port 0 running `behaviour` per stream, registered as
+    `node_id` (at `endpoint` instead, when given) in the nodes table."""
+
+    async def handle(request: trio_websocket.WebSocketRequest) -> None:
+        websocket = await request.accept()
+        with suppress(trio_websocket.ConnectionClosed):
+            await behaviour(websocket)
+
+    async with trio.open_nursery() as nursery:
+        server: trio_websocket.WebSocketServer = await nursery.start(
+            lambda task_status: trio_websocket.serve_websocket(
+                handle, "127.0.0.1", 0, None, task_status=task_status
+            )
+        )
+        await nursery.start(
+            Membership(dsn).serve_node, node_id, endpoint or f"ws://127.0.0.1:{server.port}"
+        )
+        yield
+        nursery.cancel_scope.cancel()
+
+
+def answering_with(text: str) -> Behaviour:
+    """A node answering the first frame of each client with `text`, then reading on."""
+
+    async def behaviour(websocket: trio_websocket.WebSocketConnection) -> None:
+        envelope = parse(await websocket.get_message())
+        await websocket.send_message(to_gateway(envelope.key, [text]))
+        while True:
+            await websocket.get_message()
+
+    return behaviour
+
+
+async def stats_entries(gateway: Any) -> dict[str, Any]:
+    async with connect(gateway) as client:
+        with trio.fail_after(30):
+            stats = await client.call("_harness/stats", {})
+    return {entry["nodeId"]: entry for entry in stats["nodes"]}
+
+
+@pytest.mark.parametrize("garbage", ["not json", "[1, 2]", '"a string"'])
+async def test_a_node_sending_garbage_fails_its_link_only(postgres_dsn: str, garbage: str) -> None:
+    config = cluster_config(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        async with (
+            running_cluster(config, ("a",), nursery) as (_, gateway),
+            fake_node(postgres_dsn, "bad", answering_with(garbage)),
+        ):
+            await wait_nodes(gateway, 2)
+            entries = await stats_entries(gateway)
+            assert "sent garbage" in entries["bad"]["error"], entries["bad"]
+            assert "stats" in entries["a"]
+            # The gateway is still up and serves the healthy node.
+            async with connect(gateway) as client:
+                new = await client.call("session/new", {"cwd": "/", "mcpServers": []})
+                assert new["sessionId"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_malformed_endpoint_row_fails_that_link_only(postgres_dsn: str) -> None:
+    config = cluster_config(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        async with (
+            running_cluster(config, ("a",), nursery) as (_, gateway),
+            fake_node(postgres_dsn, "bad", answering_with("{}"), endpoint="ws://::1:9"),
+        ):
+            await wait_nodes(gateway, 2)
+            entries = await stats_entries(gateway)
+            assert "malformed endpoint 'ws://::1:9'" in entries["bad"]["error"], entries["bad"]
+            assert "stats" in entries["a"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_listening_on_ipv6_is_reachable(postgres_dsn: str) -> None:
+    config = cluster_config(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        async with running_cluster(config, ("a",), nursery) as (_, gateway):
+            endpoint = await nursery.start(
+                lambda task_status: run_node(
+                    config, node_id="v6", listen="[::1]:0", task_status=task_status
+                )
+            )
+            assert endpoint.startswith("ws://[::1]:"), endpoint
+            await wait_nodes(gateway, 2)
+            entries = await stats_entries(gateway)
+            assert entries["v6"]["stats"]["sessions"]["live"] == 0, entries["v6"]
+        nursery.cancel_scope.cancel()
