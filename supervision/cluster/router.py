@@ -48,6 +48,9 @@ RETRY_DEADLINE_SECONDS = 60.0
 CLIENT_ENDED_RETRY_SECONDS = 0.1
 """The pause before asking a node again that closed the caller's virtual connection."""
 
+MAX_RETRY_AFTER_MS = 5000
+"""The longest pause a node's `retryAfterMs` can ask for before a call is sent again."""
+
 UNROUTED_LIMIT = 10_000
 """Log notifications held for a subscription whose reply has not been handled yet."""
 
@@ -145,8 +148,7 @@ class Router:
                     data = error.get("data")
                     data = data if isinstance(data, Mapping) else {}
                     self.retries += 1
-                    wait = data.get("retryAfterMs")
-                    await trio.sleep((wait if isinstance(wait, int) else MOVED_RETRY_MS) / 1000)
+                    await trio.sleep(retry_after_ms(data.get("retryAfterMs")) / 1000)
                     continue
                 if session_id:
                     self._answered(session_id, node.node_id)
@@ -195,6 +197,14 @@ class Router:
         self.clients[connection] = client
         connection.on_close(client.ended)
         return client
+
+
+def retry_after_ms(value: object) -> int:
+    """A node's `retryAfterMs` hint as a pause: an int clamped to 0-`MAX_RETRY_AFTER_MS`
+    (`MOVED_RETRY_MS` when it is not an int; a bool is not one)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return MOVED_RETRY_MS
+    return min(max(value, 0), MAX_RETRY_AFTER_MS)
 
 
 def rpc_result(reply: Mapping[str, Any]) -> Any:
@@ -340,16 +350,24 @@ class RouterClient:
                 self, subscription.session_id, "_harness/log/subscribe", params
             )
             result = rpc_result(reply)
+            node_sub = result["subscription"]
         except RpcError as exc:
-            self.subscribing -= 1
             self.connection.close(
                 CLOSE_INTERNAL,
                 f"subscription {subscription.id} could not be resumed: {exc.message}",
             )
             return
-        self.subscribing -= 1
+        except (KeyError, TypeError) as exc:
+            self.connection.close(
+                CLOSE_INTERNAL,
+                f"subscription {subscription.id} could not be resumed: the node's "
+                f"log/subscribe reply has no subscription ({exc!r})",
+            )
+            return
+        finally:
+            self.subscribing -= 1
         subscription.resuming = False
-        self.serve(subscription, node_id, str(result["subscription"]))
+        self.serve(subscription, node_id, str(node_sub))
 
     # -- notifications -------------------------------------------------------------
 

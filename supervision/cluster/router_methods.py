@@ -154,6 +154,7 @@ async def log_subscribe(f: Forwarded, call: Call) -> Any:
     )
     client.serve(subscription, node_id, str(result["subscription"]))
     result["subscription"] = subscription.id
+    result["epoch"] = call.gateway.epoch  # the node's epoch means nothing to the client
     return result
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -12,11 +13,14 @@ import trio_websocket
 
 from supervision.cluster import Membership
 from supervision.cluster.node import run_node
-from supervision.cluster.wire import parse, to_gateway
+from supervision.cluster.wire import MOVED, parse, to_gateway
+from supervision.gateway.connection import CLOSE_INTERNAL
+from supervision.gateway.protocol import OVERLOADED
 from tests.cluster.helpers import (
     CLUSTER_SECRET,
     cluster_config,
     running_cluster,
+    start_gateway,
     wait_nodes,
 )
 from tests.gateway.helpers import connect
@@ -119,4 +123,94 @@ async def test_a_node_listening_on_ipv6_is_reachable(postgres_dsn: str) -> None:
             await wait_nodes(gateway, 2)
             entries = await stats_entries(gateway)
             assert entries["v6"]["stats"]["sessions"]["live"] == 0, entries["v6"]
+        nursery.cancel_scope.cancel()
+
+
+Script = Callable[[dict[str, Any]], dict[str, Any] | None]
+"""A fake node's answer to one request: the reply's result/error members, or None for none."""
+
+
+def scripted(
+    script: Script, *, after: Callable[[str, dict[str, Any]], list[str]] | None = None
+) -> Behaviour:
+    """A node answering each request by `script` (initialize answered `{}`); `after(key,
+    request)` lists further frames to send once a request was answered."""
+
+    async def behaviour(websocket: trio_websocket.WebSocketConnection) -> None:
+        while True:
+            envelope = parse(await websocket.get_message())
+            for text in envelope.texts:
+                request = json.loads(text)
+                if "id" not in request:
+                    continue
+                body = {} if request["method"] == "initialize" else script(request)
+                if body is None:
+                    continue
+                reply = json.dumps({"jsonrpc": "2.0", "id": request["id"], **body})
+                await websocket.send_message(to_gateway(envelope.key, [reply]))
+                later = after(envelope.key, request) if after is not None else []
+                if later:
+                    await trio.sleep(0.2)  # the gateway has handled the reply by then
+                    await websocket.send_message(to_gateway(envelope.key, later))
+
+    return behaviour
+
+
+async def test_a_negative_retry_after_is_clamped(postgres_dsn: str) -> None:
+    config = cluster_config(postgres_dsn)
+    moved = {"error": {"code": MOVED, "message": "held", "data": {"retryAfterMs": -1}}}
+    async with trio.open_nursery() as nursery:
+        gateway = await start_gateway(config, nursery, retry_deadline=1)
+        async with fake_node(postgres_dsn, "mover", scripted(lambda request: moved)):
+            await wait_nodes(gateway, 1)
+            async with connect(gateway) as client:
+                reply = await client.request("session/new", {"cwd": "/", "mcpServers": []})
+            assert reply["error"]["code"] == OVERLOADED, reply
+            assert "held" in reply["error"]["message"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_bad_resubscribe_reply_closes_that_client_only(postgres_dsn: str) -> None:
+    config = cluster_config(postgres_dsn)
+    subscribes = 0
+
+    def script(request: dict[str, Any]) -> dict[str, Any]:
+        nonlocal subscribes
+        subscribes += 1
+        # The first subscribe is served; the resumed one is answered without a subscription.
+        return {"result": {"subscription": "s1"} if subscribes == 1 else {}}
+
+    def moved_once(key: str, request: dict[str, Any]) -> list[str]:
+        if subscribes != 1:
+            return []
+        notice = {"subscription": "s1", "sessionId": "s-1"}
+        return [json.dumps({"jsonrpc": "2.0", "method": "_harness/log/moved", "params": notice})]
+
+    async with trio.open_nursery() as nursery:
+        gateway = await start_gateway(config, nursery, retry_deadline=2)
+        async with fake_node(postgres_dsn, "odd", scripted(script, after=moved_once)):
+            await wait_nodes(gateway, 1)
+            async with connect(gateway) as client:
+                await client.call("_harness/log/subscribe", {"sessionId": "s-1", "fromSeq": 0})
+                with trio.fail_after(10), pytest.raises(trio_websocket.ConnectionClosed):
+                    await client.wait_for(lambda message: False)
+                assert client.ws.closed is not None
+                assert client.ws.closed.code == CLOSE_INTERNAL
+                assert "could not be resumed" in (client.ws.closed.reason or "")
+            async with connect(gateway) as again:  # the gateway is still up
+                assert "nodes" in await again.call("_harness/stats", {})
+        nursery.cancel_scope.cancel()
+
+
+async def test_cluster_log_subscribe_reports_the_gateways_epoch(postgres_dsn: str) -> None:
+    config = cluster_config(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        async with (
+            running_cluster(config, ("a",), nursery) as (_, gateway),
+            connect(gateway) as client,
+        ):
+            epoch = (await client.call("_harness/stats", {}))["epoch"]
+            sid = (await client.call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"]
+            subscribed = await client.call("_harness/log/subscribe", {"sessionId": sid})
+            assert subscribed["epoch"] == epoch == gateway.epoch
         nursery.cancel_scope.cancel()
