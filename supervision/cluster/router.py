@@ -35,7 +35,7 @@ import trio
 
 from supervision.cluster.membership import MembershipView, NodeInfo
 from supervision.cluster.placement import ranked
-from supervision.cluster.router_link import ClientEnded, NodeDown, NodeLink
+from supervision.cluster.router_link import ACK_DEADLINE_SECONDS, ClientEnded, NodeDown, NodeLink
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
 from supervision.gateway.connection import CLOSE_INTERNAL, Connection
 from supervision.gateway.protocol import INTERNAL_ERROR, OVERLOADED, RpcError
@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 RETRY_DEADLINE_SECONDS = 60.0
 """How long a call is retried (node deaths, `MOVED`) before it fails -33003."""
+
+EACH_NODE_DEADLINE_SECONDS = 10.0
+"""How long a call sent to every node (the stats, the tree, watches) waits for each."""
 
 CLIENT_ENDED_RETRY_SECONDS = 0.1
 """The pause before asking a node again that closed the caller's virtual connection."""
@@ -65,6 +68,9 @@ class Router:
     secret: str = attrs.field(repr=False)
     nursery: trio.Nursery
     retry_deadline: float = RETRY_DEADLINE_SECONDS
+    each_node_deadline: float = EACH_NODE_DEADLINE_SECONDS
+    ack_deadline: float = ACK_DEADLINE_SECONDS
+    """Passed to each new `NodeLink` (see there)."""
     links: dict[str, NodeLink] = attrs.field(factory=dict)
     clients: dict[Connection, RouterClient] = attrs.field(factory=dict)
     """The router side of each live client connection."""
@@ -81,7 +87,7 @@ class Router:
             return link
         if link is not None:
             link.close(f"node {node.node_id!r} restarted or its stream dropped")
-        link = NodeLink(node=node, secret=self.secret)
+        link = NodeLink(node=node, secret=self.secret, ack_deadline=self.ack_deadline)
         self.links[node.node_id] = link
         self.nursery.start_soon(link.run)
         return link
@@ -129,6 +135,7 @@ class Router:
                         await self.view.wait_changed(version)
                     excluded.clear()
                     continue
+                last = f"node {node.node_id!r} did not answer"
                 try:
                     reply = await self.link(node).call(client.key, client.notify, method, params)
                 except ClientEnded as exc:
@@ -170,16 +177,23 @@ class Router:
     async def each_node(
         self, client: RouterClient, method: str, params: Mapping[str, Any]
     ) -> list[tuple[NodeInfo, Mapping[str, Any] | str]]:
-        """Send the call to every live node at once: each node's reply, or why it failed."""
+        """Send the call to every live node at once: each node's reply, or why it failed
+        (`"timeout"` for a node that did not answer within `each_node_deadline`)."""
         answers: list[tuple[NodeInfo, Mapping[str, Any] | str]] = []
 
         async def one(node: NodeInfo) -> None:
-            try:
-                answers.append(
-                    (node, await self.link(node).call(client.key, client.notify, method, params))
-                )
-            except NodeDown as exc:
-                answers.append((node, str(exc)))
+            with trio.move_on_after(self.each_node_deadline):
+                try:
+                    answers.append(
+                        (
+                            node,
+                            await self.link(node).call(client.key, client.notify, method, params),
+                        )
+                    )
+                except NodeDown as exc:
+                    answers.append((node, str(exc)))
+                return
+            answers.append((node, "timeout"))
 
         async with trio.open_nursery() as nursery:
             for node in self.view.nodes:

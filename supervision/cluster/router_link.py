@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_SECONDS = 5.0
 """How long opening a node stream may take before the node counts as down."""
 
+ACK_DEADLINE_SECONDS = 10.0
+"""How long a node may take to acknowledge a new virtual connection (answer its
+`initialize`, which needs no session) before the call counts the node as down."""
+
 SEND_QUEUE = 1024
 """Envelopes queued for one node's writer; a caller past it waits (backpressure to its client)."""
 
@@ -90,6 +94,8 @@ class NodeLink:
     up: trio.Event = attrs.field(factory=trio.Event)
     down: str | None = None
     """Why the link is down (None while it may be used)."""
+    ack_deadline: float = ACK_DEADLINE_SECONDS
+    """How long a node may take to answer a virtual connection's `initialize`."""
     _opened: set[str] = attrs.field(factory=set)
     _generations: dict[str, int] = attrs.field(factory=dict)
     """Client key → how often the node ended it: each reopening uses a new wire key, so
@@ -259,7 +265,13 @@ class NodeLink:
             return
         self._opened.add(key)
         try:
-            reply = await self._request(key, "initialize", {"protocolVersion": 1})
+            with trio.fail_after(self.ack_deadline):
+                reply = await self._request(key, "initialize", {"protocolVersion": 1})
+        except trio.TooSlowError:
+            self._opened.discard(key)
+            raise NodeDown(
+                f"node {self.node_id!r} did not answer initialize within {self.ack_deadline} s"
+            ) from None
         except BaseException:
             self._opened.discard(key)
             raise

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio_websocket
 
-from supervision.cluster import Membership
+from supervision.cluster import Membership, MembershipView, owner
 from supervision.cluster.node import run_node
 from supervision.cluster.wire import MOVED, parse, to_gateway
 from supervision.gateway.connection import CLOSE_INTERNAL
@@ -213,4 +213,38 @@ async def test_cluster_log_subscribe_reports_the_gateways_epoch(postgres_dsn: st
             sid = (await client.call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"]
             subscribed = await client.call("_harness/log/subscribe", {"sessionId": sid})
             assert subscribed["epoch"] == epoch == gateway.epoch
+        nursery.cancel_scope.cancel()
+
+
+async def silent(websocket: trio_websocket.WebSocketConnection) -> None:
+    """A node that reads everything and answers nothing (its stream stays up)."""
+    while True:
+        await websocket.get_message()
+
+
+async def test_a_silent_node_is_timed_out(postgres_dsn: str) -> None:
+    config = cluster_config(postgres_dsn)
+    # A name that ranks first for the lists, so `session/list` tries the silent node first.
+    name = next(n for n in (f"silent-{i}" for i in range(100)) if owner("", ["a", n]) == n)
+    async with trio.open_nursery() as nursery:
+        async with running_cluster(config, ("a",), nursery) as (_, gateway):
+            router = gateway.methods.router
+            router.each_node_deadline = router.ack_deadline = 1
+            async with fake_node(postgres_dsn, name, silent):
+                await wait_nodes(gateway, 2)
+                entries = await stats_entries(gateway)
+                assert entries[name]["error"] == "timeout"
+                assert "stats" in entries["a"]
+                async with connect(gateway) as client:
+                    with trio.fail_after(10):
+                        assert (await client.call("session/list", {}))["sessions"] == []
+                router.retry_deadline, router.ack_deadline = 1, 0.3
+                router.links.pop(name).close("test: reconnect")
+                only_silent = MembershipView()
+                only_silent._update(tuple(n for n in router.view.nodes if n.node_id == name))
+                router.view = only_silent
+                async with connect(gateway) as client:
+                    reply = await client.request("session/list", {})
+                assert reply["error"]["code"] == OVERLOADED
+                assert f"node {name!r} did not answer initialize" in reply["error"]["message"]
         nursery.cancel_scope.cancel()
