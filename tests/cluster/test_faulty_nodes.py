@@ -12,13 +12,14 @@ import trio
 import trio_websocket
 
 from supervision.cluster import Membership, MembershipView, owner
-from supervision.cluster.node import run_node
+from supervision.cluster.node import CLIENT_QUEUE, run_node
 from supervision.cluster.wire import MOVED, parse, to_gateway
-from supervision.gateway.connection import CLOSE_INTERNAL
+from supervision.gateway.connection import CLOSE_INTERNAL, CLOSE_POLICY
 from supervision.gateway.protocol import OVERLOADED
 from tests.cluster.helpers import (
     CLUSTER_SECRET,
     cluster_config,
+    raw_node_client,
     running_cluster,
     start_gateway,
     wait_nodes,
@@ -247,4 +248,43 @@ async def test_a_silent_node_is_timed_out(postgres_dsn: str) -> None:
                     reply = await client.request("session/list", {})
                 assert reply["error"]["code"] == OVERLOADED
                 assert f"node {name!r} did not answer initialize" in reply["error"]["message"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_ends_an_overflowing_client_once_and_its_key_can_be_reused(
+    postgres_dsn: str,
+) -> None:
+    config = cluster_config(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        endpoint = await nursery.start(
+            lambda task_status: run_node(config, node_id="n", task_status=task_status)
+        )
+        async with raw_node_client(endpoint) as raw:
+            ws, key = raw.websocket, raw.key
+            noise = json.dumps({"jsonrpc": "2.0", "method": "_harness/none"})
+            await ws.send_message(to_gateway(key, [noise] * (CLIENT_QUEUE + 10)))
+            hello = {"jsonrpc": "2.0", "id": 101, "method": "initialize", "params": {}}
+            hello["params"] = {"protocolVersion": 1}
+            listing = {"jsonrpc": "2.0", "id": 102, "method": "session/list", "params": {}}
+            ends: list[int] = []
+            replies: dict[int, dict[str, Any]] = {}
+            with trio.fail_after(20):
+                while not ends:
+                    envelope = parse(await ws.get_message())
+                    if envelope.end is not None:
+                        ends.append(envelope.end)
+                # The key is used again at once: a new virtual connection.
+                await ws.send_message(to_gateway(key, [json.dumps(hello)]))
+                await ws.send_message(to_gateway(key, [json.dumps(listing)]))
+                while 102 not in replies:
+                    envelope = parse(await ws.get_message())
+                    if envelope.end is not None:
+                        ends.append(envelope.end)
+                    for text in envelope.texts:
+                        message = json.loads(text)
+                        if message.get("id") in (101, 102):
+                            replies[message["id"]] = message
+            assert ends == [CLOSE_POLICY]
+            assert "result" in replies[101], replies
+            assert "result" in replies[102], replies
         nursery.cancel_scope.cancel()
