@@ -124,6 +124,8 @@ class Router:
         excluded: set[str] = set()
         version = self.view.version
         last = "no live node"
+        asking: str | None = None
+        # `asking`: the node a call is out to (None between attempts).
         with trio.move_on_after(self.retry_deadline):
             while True:
                 if self.view.version != version:
@@ -135,20 +137,23 @@ class Router:
                         await self.view.wait_changed(version)
                     excluded.clear()
                     continue
-                last = f"node {node.node_id!r} did not answer"
+                asking = node.node_id
                 try:
                     reply = await self.link(node).call(client.key, client.notify, method, params)
                 except ClientEnded as exc:
+                    asking = None
                     # The node is up; it ended this client (e.g. a session broke there).
                     last = str(exc)
                     self.retries += 1
                     await trio.sleep(CLIENT_ENDED_RETRY_SECONDS)
                     continue
                 except NodeDown as exc:
+                    asking = None
                     last = str(exc)
                     excluded.add(node.node_id)
                     self.retries += 1
                     continue
+                asking = None
                 error = reply.get("error")
                 if isinstance(error, Mapping) and error.get("code") == MOVED:
                     last = str(error.get("message"))
@@ -160,6 +165,9 @@ class Router:
                 if session_id:
                     self._answered(session_id, node.node_id)
                 return node.node_id, reply
+        if asking is not None:  # the deadline came while a node had the call
+            before = "" if last == "no live node" else f"; before: {last}"
+            last = f"node {asking!r} did not answer in time{before}"
         raise RpcError(
             OVERLOADED,
             f"{method!r} for session {session_id!r}: no node answered within "
