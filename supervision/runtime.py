@@ -219,33 +219,39 @@ class Runtime:
         setup: Callable[[Agent], None] | None,
         child_setup: Callable[[Agent], None] | None,
     ) -> ChildStart[Agent]:
+        def ready(agent: Agent, task_status: trio.TaskStatus[Agent]) -> None:
+            if setup is not None:
+                setup(agent)
+            task_status.started(agent)
+
         async def start(*, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
-            async with (
-                open_agent(
-                    system_prompt=self.system_prompt,
-                    provider=provider,
-                    options=options,
-                    store=self.store,
-                    session_id=session_id,
-                    tools=tools,
-                    scope=self.scope,
-                    clock=self._clock,
-                ) as agent,
-                open_subagents(
+            async with open_agent(
+                system_prompt=self.system_prompt,
+                provider=provider,
+                options=options,
+                store=self.store,
+                session_id=session_id,
+                tools=tools,
+                scope=self.scope,
+                clock=self._clock,
+            ) as agent:
+                # Only an agent with subagent providers gets a children's supervisor
+                # (a nursery and a task it would otherwise hold while idle).
+                if not subagents:
+                    ready(agent, task_status)
+                    await trio.sleep_forever()
+                async with open_subagents(
                     agent,
                     system_prompt=self.system_prompt,
                     provider=provider,
                     options=options,
                     tools=tools,
                     setup=child_setup,
-                ) as children,
-            ):
-                for subagent_provider in subagents:
-                    children.activate(subagent_provider)
-                if setup is not None:
-                    setup(agent)
-                task_status.started(agent)
-                await trio.sleep_forever()
+                ) as children:
+                    for subagent_provider in subagents:
+                        children.activate(subagent_provider)
+                    ready(agent, task_status)
+                    await trio.sleep_forever()
 
         return start
 

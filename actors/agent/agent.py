@@ -1,8 +1,7 @@
-"""The Agent actor: an inbox task and a loop task over one session."""
+"""The Agent actor: a loop task over one session, alive only while there is work."""
 
 from __future__ import annotations
 
-import contextlib
 import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -36,27 +35,26 @@ from actors.session.session import Session, WallClock, new_session_id, system_cl
 from actors.session.store import MemoryStore, SessionStore
 
 INBOX_CAPACITY = 1024
-"""Commands that may wait for the inbox task; beyond that `followup` & co. raise."""
+"""Messages the inbox may hold unclaimed; beyond that `followup` & co. raise."""
+
+_SHARED_RNG = random.Random()
+"""The retry jitter of agents given no `rng` (one generator: its state is 2.5 KB)."""
 
 
 class InboxFullError(RuntimeError):
-    """The agent's inbox channel is full: the agent is not keeping up with its input."""
-
-
-@attrs.frozen(kw_only=True)
-class _Command:
-    kind: Literal["next-turn", "next-step"]
-    message: Message
-    wakes: bool
-    generation: int
+    """The agent's inbox is full: the agent is not keeping up with its input."""
 
 
 @attrs.frozen(kw_only=True)
 class AgentStatistics:
-    """A snapshot of an agent's state and counters."""
+    """A snapshot of an agent's state and counters.
+
+    `loop_task` is True while the agent's loop task exists (a turn runs, or
+    woken input waits for one); an idle agent has none.
+    """
 
     status: Literal["idle", "running"]
-    pending_commands: int
+    loop_task: bool
     inbox: InboxStatistics
     loop: LoopStatistics
 
@@ -86,44 +84,43 @@ def _as_message(value: str | Message) -> Message:
 
 @attrs.define(eq=False)
 class Agent:
-    """One session's actor: input goes in through the inbox, turns run in the loop task.
+    """One session's actor: input goes into the inbox, turns run in the loop task.
 
     `followup`, `steer`, `inject`, `cancel`, `on_pre_step` and
     `on_request_error` are synchronous and safe to call from any task of the
-    same Trio run. Input travels to the inbox task over a bounded channel
-    (capacity `INBOX_CAPACITY`; when full the call raises `InboxFullError`
-    rather than dropping input or blocking a synchronous caller). `await
-    run(...)` queues a follow-up and waits for its turn's `TurnResult`. Once
-    `open_agent` has exited, every input method raises `AgentClosedError`.
+    same Trio run. Input is filed in the inbox at once, in call order (at
+    most `INBOX_CAPACITY` unclaimed messages; beyond that the call raises
+    `InboxFullError` rather than dropping input or blocking a synchronous
+    caller). Waking input starts the loop task in the agent's nursery if it
+    is not running; the task runs turns while there is input and ends when
+    the agent goes idle, so an idle agent holds no task, channel or
+    cancel scope of its own (with `AgentOptions.hibernate`, not its log
+    either). `await run(...)` queues a follow-up and waits for its turn's
+    `TurnResult`. Once `open_agent` has exited, every input method raises
+    `AgentClosedError`.
     """
 
     session: Session
     scope: Scope
     _loop: AgentLoop
-    _send: trio.MemorySendChannel[_Command]
-    _receive: trio.MemoryReceiveChannel[_Command]
-    _wake_send: trio.MemorySendChannel[None]
-    _wake_receive: trio.MemoryReceiveChannel[None]
-    _pending: int = 0
+    _nursery: trio.Nursery
     _wake_requested: bool = False
+    _loop_task: bool = False
+    _disposing: bool = False
     _running: bool = False
     _parked: bool = False
-    _generation: int = 0
-    _dropped_below: int = 0
     _turn_scope: trio.CancelScope | None = None
-    _idle: trio.Event = attrs.field(factory=trio.Event)
-    _turn_done: trio.Event = attrs.field(factory=trio.Event)
+    # Events exist only while someone may wait for them (None: idle / no turn), so an
+    # idle agent keeps none.
+    _idle: trio.Event | None = None
+    _turn_done: trio.Event | None = None
     _closed: bool = False
     _waiters: dict[int, _RunWaiter] = attrs.field(factory=dict)
-
-    def __attrs_post_init__(self) -> None:
-        self._idle.set()
-        self._turn_done.set()
 
     @property
     def status(self) -> Literal["idle", "running"]:
         """ "running" while a turn runs or woken input waits for one, else "idle"."""
-        return "idle" if self._idle.is_set() else "running"
+        return "idle" if self._idle is None else "running"
 
     @property
     def inbox(self) -> Inbox:
@@ -218,9 +215,7 @@ class Agent:
         Input sent before the abort never wakes the agent; it is dropped, or
         with `keep_inbox=True` parked until input sent after the abort wakes it.
         """
-        self._generation += 1
         if not keep_inbox:
-            self._dropped_below = self._generation
             self._loop.inbox.clear()
             live = self._loop.turn_message if self._turn_scope is not None else None
             dropped = TurnEndReason.aborted(cause)
@@ -236,8 +231,6 @@ class Agent:
                     )
         self._parked = True
         self._wake_requested = False
-        with contextlib.suppress(trio.WouldBlock):
-            self._wake_receive.receive_nowait()
         if self._turn_scope is not None:
             self._loop.abort_cause = cause
             self._loop.keep_claimed_on_abort = keep_inbox
@@ -252,17 +245,20 @@ class Agent:
                 f"agent of session {self.session.id!r} is closed (its open_agent has exited); "
                 "the input was not queued"
             )
-        command = _Command(
-            kind=kind, message=_as_message(value), wakes=wakes, generation=self._generation
-        )
-        try:
-            self._send.send_nowait(command)
-        except trio.WouldBlock:
+        message = _as_message(value)
+        if len(self._loop.inbox) >= INBOX_CAPACITY:
             raise InboxFullError(
-                f"agent {self.session.id!r}: inbox holds {INBOX_CAPACITY} unprocessed commands"
-            ) from None
+                f"agent {self.session.id!r}: inbox holds {INBOX_CAPACITY} unclaimed messages"
+            )
+        if kind == "next-turn":
+            self._loop.inbox.put_next_turn(message)
+        else:
+            self._loop.inbox.put_next_step(message)
         if wakes:
-            self._pending += 1
+            self._wake_requested = True
+            if not self._loop_task and not self._disposing:
+                self._loop_task = True
+                self._nursery.start_soon(self._run_loop)
             self._refresh_idle()
 
     # -- listeners --------------------------------------------------------
@@ -301,7 +297,7 @@ class Agent:
 
         Cancellation: cancellable; nothing is affected by cancelling it.
         """
-        while not self._idle.is_set():
+        while self._idle is not None:
             await self._idle.wait()
         await trio.lowlevel.checkpoint()
 
@@ -309,60 +305,47 @@ class Agent:
         """Current status, queue depths and loop counters."""
         return AgentStatistics(
             status=self.status,
-            pending_commands=self._pending,
+            loop_task=self._loop_task,
             inbox=self._loop.inbox.statistics(),
             loop=self._loop.statistics(),
         )
 
     def _refresh_idle(self) -> None:
-        idle = not self._running and self._pending == 0 and not self._wake_requested
-        if idle and not self._idle.is_set():
+        idle = not self._running and not self._wake_requested
+        if idle and self._idle is not None:
             self._idle.set()
-        elif not idle and self._idle.is_set():
+            self._idle = None
+        elif not idle and self._idle is None:
             self._idle = trio.Event()
 
     # -- tasks ------------------------------------------------------------
 
-    async def run_inbox(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """The inbox task: files commands in order and wakes the loop. Runs until cancelled."""
-        task_status.started()
-        async for command in self._receive:
-            if command.generation >= self._dropped_below:
-                if command.kind == "next-turn":
-                    self._loop.inbox.put_next_turn(command.message)
-                else:
-                    self._loop.inbox.put_next_step(command.message)
-            if command.wakes:
-                self._pending -= 1
-                if command.generation == self._generation:
-                    self._wake_requested = True
-                    # A full wake channel means a wake is already pending; it covers this one.
-                    with contextlib.suppress(trio.WouldBlock):
-                        self._wake_send.send_nowait(None)
-                self._refresh_idle()
+    async def _run_loop(self) -> None:
+        """The loop task: runs turns while woken input waits, then ends (the agent is idle).
 
-    async def run_loop(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """The loop task: on each wake, runs turns while there is input. Runs until cancelled."""
-        task_status.started()
-        async for _ in self._wake_receive:
-            # A wake is input that arrived after any abort or failed turn: it un-parks.
-            self._parked = False
-            self._wake_requested = False
-            self._running = True
-            self._refresh_idle()
-            try:
-                await self.session.wake()
-                while self._loop.inbox.has_turn_work() and not self._parked:
-                    await self._run_one_turn()
-                if self._loop.options.hibernate:
-                    await self._hibernate()
-            finally:
-                self._running = False
+        Started in the agent's nursery by waking input when it is not
+        running; a wake that arrives while it runs (even while it
+        hibernates the session) is taken before it ends. An exception (a
+        broken log) ends it and propagates through the agent's nursery.
+        """
+        try:
+            while self._wake_requested:
+                # A wake is input that arrived after any abort or failed turn: it un-parks.
+                self._parked = False
+                self._wake_requested = False
+                self._running = True
                 self._refresh_idle()
+                try:
+                    await self.session.wake()
+                    while self._loop.inbox.has_turn_work() and not self._parked:
+                        await self._run_one_turn()
+                    if self._loop.options.hibernate:
+                        await self._hibernate()
+                finally:
+                    self._running = False
+                    self._refresh_idle()
+        finally:
+            self._loop_task = False
 
     async def _hibernate(self) -> None:
         """Make the log durable and let the session release it until the next wake.
@@ -377,7 +360,7 @@ class Agent:
         self.session.hibernate()
 
     async def _run_one_turn(self) -> None:
-        self._turn_done = trio.Event()
+        done = self._turn_done = trio.Event()
         start = len(self.session)
         try:
             with trio.CancelScope() as scope:
@@ -386,7 +369,8 @@ class Agent:
         finally:
             self._turn_scope = None
             self._settle_run(start)
-            self._turn_done.set()
+            self._turn_done = None
+            done.set()
 
     def _settle_run(self, start: int) -> None:
         """Hand the turn that began at seq `start` to the `run()` waiting for its message."""
@@ -426,11 +410,15 @@ class Agent:
         Cancellation: shielded internally for at most the write grace period.
         """
         self._parked = True  # no further turn starts while the agent closes
+        self._disposing = True
         if self._turn_scope is not None:
             self._loop.abort_cause = "disposed"
             self._turn_scope.cancel()
+        done = self._turn_done
+        if done is None:
+            return
         with trio.CancelScope(shield=True), trio.move_on_after(WRITE_GRACE_SECONDS * 2):
-            await self._turn_done.wait()
+            await done.wait()
 
 
 @asynccontextmanager
@@ -521,8 +509,6 @@ async def _serving_agent(
         session = await Session.open(store, session_id, clock=clock, lease=lease)
         agent_scope = Scope(name=f"agent:{session.id}", parent=scope)
         registry = ToolRegistry.of(tools)
-        send, receive = trio.open_memory_channel[_Command](INBOX_CAPACITY)
-        wake_send, wake_receive = trio.open_memory_channel[None](1)
         agent = Agent(
             session=session,
             scope=agent_scope,
@@ -535,19 +521,14 @@ async def _serving_agent(
                 inbox=Inbox(),
                 scope=agent_scope,
                 agent=None,
-                rng=rng or random.Random(),
+                rng=rng or _SHARED_RNG,
             ),
-            send=send,
-            receive=receive,
-            wake_send=wake_send,
-            wake_receive=wake_receive,
+            nursery=nursery,
         )
         agent._loop.agent = agent
         system_prompt.variable("model", lambda ctx: options.model, scope=agent_scope)
         system_prompt.variable("provider", lambda ctx: options.provider_name, scope=agent_scope)
         system_prompt.tools(registry.provider, scope=agent_scope)
-        await nursery.start(agent.run_inbox)
-        await nursery.start(agent.run_loop)
         try:
             yield agent
         finally:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 import attrs
 
 from actors.messages import Message
@@ -44,8 +42,14 @@ class Inbox:
     removes what it returns.
     """
 
-    _next_turn: deque[Message] = attrs.field(factory=deque, init=False)
-    _next_step: deque[Message] = attrs.field(factory=deque, init=False)
+    # Lists, not deques: they hold a message or two, and an empty deque costs 600 bytes
+    # for every idle agent.
+    _next_turn: list[Message] = attrs.field(factory=list, init=False)
+    _next_step: list[Message] = attrs.field(factory=list, init=False)
+
+    def __len__(self) -> int:
+        """How many messages are parked, for both queues together."""
+        return len(self._next_turn) + len(self._next_step)
 
     def put_next_turn(self, message: Message) -> None:
         """Park `message` for a turn of its own."""
@@ -65,7 +69,7 @@ class Inbox:
 
     def claim(self, *, first_step: bool) -> Claim:
         """Remove and return what the proposed step takes."""
-        turn_message = self._next_turn.popleft() if first_step and self._next_turn else None
+        turn_message = self._next_turn.pop(0) if first_step and self._next_turn else None
         step_messages = tuple(self._next_step)
         self._next_step.clear()
         return Claim(turn_message=turn_message, step_messages=step_messages)
@@ -73,8 +77,8 @@ class Inbox:
     def put_back(self, claim: Claim) -> None:
         """Return a claim whose step never opened, ahead of everything parked."""
         if claim.turn_message is not None:
-            self._next_turn.appendleft(claim.turn_message)
-        self._next_step.extendleft(reversed(claim.step_messages))
+            self._next_turn.insert(0, claim.turn_message)
+        self._next_step[:0] = claim.step_messages
 
     def clear(self) -> None:
         """Drop every parked message."""

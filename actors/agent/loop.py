@@ -43,7 +43,7 @@ from actors.prompt import (
     render_context_snapshot,
     render_prompt,
 )
-from actors.providers.base import Provider
+from actors.providers.base import Provider, chunk_batches
 from actors.providers.chunks import Failure, FinishChunk
 from actors.providers.request import GenerateRequest
 from actors.scope import Scope
@@ -393,10 +393,19 @@ class AgentLoop:
         result = StreamAccumulator()
         finished = False
         try:
-            async with aclosing(self.provider.stream(request)) as chunks:
-                async for chunk in chunks:
-                    await self.session.append(AssistantChunk(turn=turn, step=step, chunk=chunk))
-                    result.add(chunk)
+            async with aclosing(chunk_batches(self.provider, request)) as batches:
+                async for batch in batches:
+                    # The chunks of one batch are logged as one append, up to the finish.
+                    end = next(
+                        (n + 1 for n, chunk in enumerate(batch) if isinstance(chunk, FinishChunk)),
+                        len(batch),
+                    )
+                    taken = batch[:end]
+                    await self.session.extend(
+                        [AssistantChunk(turn=turn, step=step, chunk=chunk) for chunk in taken]
+                    )
+                    for chunk in taken:
+                        result.add(chunk)
                     if result.finish is not None:
                         break
             finished = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -106,16 +107,32 @@ def _describe(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+_SHARED_REGISTRIES = 64
+_shared_registries: OrderedDict[
+    tuple[int, ...], tuple[tuple[Tool, ...], dict[str, Tool], ToolProviderResult]
+] = OrderedDict()
+"""Built registries by the identity of their tools (each entry keeps its tools alive)."""
+
+
 @attrs.define(eq=False)
 class ToolRegistry:
     """An agent's tools, by name.
 
     `provider` is a tool-schema provider for the prompt registry, so the
-    schemas the model sees and the tools that run are the same set.
+    schemas the model sees and the tools that run are the same set. It
+    returns the same `ToolProviderResult` until the tools change, so the
+    prompt registry validates it once.
+
+    Registries made by `of` from the same `Tool` objects share one table
+    and one result (every agent of a deployment has the same tools) until
+    one of them adds or removes a tool: it then gets a copy of its own.
     """
 
     _tools: dict[str, Tool] = attrs.field(factory=dict, init=False)
-    _schemas: tuple[ToolSchema, ...] = attrs.field(default=(), init=False)
+    _result: ToolProviderResult = attrs.field(
+        factory=lambda: ToolProviderResult(schemas=()), init=False
+    )
+    _shared: bool = attrs.field(default=False, init=False)
 
     @classmethod
     def of(cls, tools: Iterable[Tool]) -> ToolRegistry:
@@ -124,23 +141,45 @@ class ToolRegistry:
         Raises:
             ToolRegistryError: two tools share a name.
         """
+        listed = tuple(tools)
+        key = tuple(map(id, listed))
+        entry = _shared_registries.get(key)
+        if entry is None:
+            built = cls()
+            for tool in listed:
+                built.add(tool)
+            entry = (listed, built._tools, built._result)
+            _shared_registries[key] = entry
+            if len(_shared_registries) > _SHARED_REGISTRIES:
+                _shared_registries.popitem(last=False)
+        else:
+            _shared_registries.move_to_end(key)
         registry = cls()
-        for tool in tools:
-            registry.add(tool)
+        registry._tools, registry._result, registry._shared = entry[1], entry[2], True
         return registry
+
+    def _own(self) -> None:
+        """Copy a shared table before changing it."""
+        if self._shared:
+            self._tools = dict(self._tools)
+            self._shared = False
 
     def add(self, tool: Tool) -> None:
         """Add `tool`; raises `ToolRegistryError` naming a duplicate."""
         if tool.name in self._tools:
             raise ToolRegistryError(f"tool {tool.name!r} is already registered")
+        self._own()
         self._tools[tool.name] = tool
-        self._schemas = (*self._schemas, tool.schema)
+        self._result = ToolProviderResult(schemas=(*self._result.schemas, tool.schema))
 
     def remove(self, name: str) -> None:
         """Remove the tool `name`; raises `ToolRegistryError` when there is none."""
-        if self._tools.pop(name, None) is None:
+        if name not in self._tools:
             raise ToolRegistryError(f"no tool named {name!r}; registered: {self.names()}")
-        self._schemas = tuple(schema for schema in self._schemas if schema.name != name)
+        self._own()
+        del self._tools[name]
+        schemas = tuple(schema for schema in self._result.schemas if schema.name != name)
+        self._result = ToolProviderResult(schemas=schemas)
 
     def names(self) -> list[str]:
         """Registered tool names, in registration order."""
@@ -152,7 +191,7 @@ class ToolRegistry:
 
     def provider(self, ctx: AssembleContext) -> ToolProviderResult:
         """Tool-schema provider: every registered tool is visible."""
-        return ToolProviderResult(schemas=self._schemas)
+        return self._result
 
     async def run(self, call: ToolInvocation) -> ToolResult:
         """Execute `call`; an unknown tool, bad arguments or a raising tool give an error result.

@@ -7,6 +7,8 @@ Internal to `actors.prompt`.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from actors.prompt.errors import PromptError
@@ -32,6 +34,12 @@ class VariableEntry:
     name: str
     provider: VariableProvider
     seq: int
+
+
+@functools.lru_cache(maxsize=256)
+def _interned(names: tuple[str, ...]) -> frozenset[str]:
+    """One frozenset per distinct list of tool names, shared by every agent that has it."""
+    return frozenset(names)
 
 
 @attrs.define(eq=False)
@@ -66,8 +74,8 @@ class ToolProviderEntry:
                     f"tool provider {self.label!r} returned {type(schema).__name__} "
                     "among its schemas, not ToolSchema"
                 )
-        names = frozenset(schema.name for schema in result.schemas)
-        self.known = names if result.known_names is None else frozenset(result.known_names)
+        names = _interned(tuple(schema.name for schema in result.schemas))
+        self.known = names if result.known_names is None else _interned(tuple(result.known_names))
         self.returns_marker = TOOL_ORDER_REST in names or TOOL_ORDER_REST in self.known
         self.checked = result
         return result

@@ -21,7 +21,7 @@ import trio
 
 from actors.latency import NO_SAMPLES, LatencySummary, LatencyWindow
 from actors.providers.admission import Admission, StallPolicy, Ticket
-from actors.providers.base import Provider, ProviderError
+from actors.providers.base import ChunkBatch, Provider, ProviderError, chunk_batches, unbatched
 from actors.providers.chunks import Chunk, Failure, FinishChunk
 from actors.providers.http_client import HttpClientSettings, open_http_client
 from actors.providers.request import GenerateRequest
@@ -54,7 +54,7 @@ class ProviderActorStatistics:
 @attrs.define(eq=False)
 class _Job:
     request: GenerateRequest
-    chunks: trio.MemorySendChannel[Chunk]
+    chunks: trio.MemorySendChannel[ChunkBatch]
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
 
 
@@ -68,8 +68,9 @@ class ProviderActor:
     backpressure); at most `max_in_flight` progress at once, and up to
     `stall.max_stalled` more that produced no chunk for `stall.stall_after`
     seconds are set aside beside them (see `actors.providers.admission`);
-    each job's chunks travel over a channel of `chunk_buffer` (a slow reader
-    slows its own stream only). The client is built by `open_http_client`
+    each job's chunks travel over a channel of `chunk_buffer` batches (the
+    chunks of one network read travel together; a slow reader slows its own
+    stream only). The client is built by `open_http_client`
     from `timeout`, `limits`, `http2` and `pools` (see `HttpClientSettings`).
     """
 
@@ -199,21 +200,27 @@ class ProviderActor:
     async def _pump(self, provider: Provider, job: _Job, ticket: Ticket) -> str:
         outcome = "failed"
         try:
-            async with aclosing(provider.stream(job.request)) as chunks:
-                async for chunk in chunks:
+            async with aclosing(chunk_batches(provider, job.request)) as batches:
+                async for batch in batches:
                     ticket.progressed()
-                    if isinstance(chunk, FinishChunk):
-                        outcome = "failed" if chunk.reason == "error" else "completed"
-                        if chunk.failure is not None:
-                            code = chunk.failure.code
+                    last = batch[-1]
+                    if isinstance(last, FinishChunk):
+                        outcome = "failed" if last.reason == "error" else "completed"
+                        if last.failure is not None:
+                            code = last.failure.code
                             self._failures_by_code[code] = self._failures_by_code.get(code, 0) + 1
-                    await job.chunks.send(chunk)
+                    await job.chunks.send(batch)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return "cancelled"
         return outcome
 
-    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
-        """Queue `request` and yield its chunks; ends with exactly one `FinishChunk`.
+    def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+        """Queue `request` and yield its chunks one by one (see `stream_batches`)."""
+        return unbatched(self.stream_batches(request))
+
+    async def stream_batches(self, request: GenerateRequest) -> AsyncGenerator[ChunkBatch, None]:
+        """Queue `request` and yield its chunks in arrival batches; the last ends with the one
+        `FinishChunk`.
 
         Closing the generator early (or cancelling the caller) cancels the
         job and its HTTP stream. If the actor is not running, or stops
@@ -222,9 +229,9 @@ class ProviderActor:
         """
         send_jobs = self._jobs_send
         if send_jobs is None:
-            yield self._unavailable("is not running")
+            yield (self._unavailable("is not running"),)
             return
-        chunk_send, chunk_receive = trio.open_memory_channel[Chunk](self.chunk_buffer)
+        chunk_send, chunk_receive = trio.open_memory_channel[ChunkBatch](self.chunk_buffer)
         job = _Job(request=request, chunks=chunk_send)
         self._queued += 1
         sent = False
@@ -237,15 +244,15 @@ class ProviderActor:
             if not sent:
                 self._queued -= 1
         if not sent:
-            yield self._unavailable("stopped")
+            yield (self._unavailable("stopped"),)
             return
         try:
             async with chunk_receive:
-                async for chunk in chunk_receive:
-                    yield chunk
-                    if isinstance(chunk, FinishChunk):
+                async for batch in chunk_receive:
+                    yield batch
+                    if isinstance(batch[-1], FinishChunk):
                         return
-            yield self._unavailable("stopped before the request finished")
+            yield (self._unavailable("stopped before the request finished"),)
         finally:
             job.cancel_scope.cancel()
 

@@ -84,9 +84,14 @@ async def open_http_client(settings: HttpClientSettings) -> AsyncIterator[httpx.
         async with httpx.AsyncClient(timeout=settings.timeout, limits=settings.limits) as client:
             yield client
         return
+    # One TLS context for every pool: building one loads the CA bundle (tens of ms).
+    ssl_context = httpx.create_ssl_context()
     transports = [
         httpx.AsyncHTTPTransport(
-            limits=settings.pool_limits(), http1=not settings.http2, http2=settings.http2
+            verify=ssl_context,
+            limits=settings.pool_limits(),
+            http1=not settings.http2,
+            http2=settings.http2,
         )
         for _ in range(settings.pools)
     ]

@@ -50,7 +50,7 @@ import attrs
 import httpx
 import trio
 
-from actors.providers.base import ProviderError
+from actors.providers.base import ChunkBatch, ProviderError, unbatched
 from actors.providers.chunks import Chunk, Failure, FinishChunk
 from actors.providers.failures import error_finish, error_message, transport_failure
 from actors.providers.failures import failure_for_status as failure_for_status
@@ -223,8 +223,15 @@ class OpenAICompatProvider:
         """
         return self._encoder.encode(request)
 
-    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+    def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+        """Send `request` and yield its chunks one by one (see `stream_batches`)."""
+        return unbatched(self.stream_batches(request))
+
+    async def stream_batches(self, request: GenerateRequest) -> AsyncGenerator[ChunkBatch, None]:
         """Send `request` and yield its chunks, ending with one `FinishChunk`.
+
+        The chunks come in batches: those parsed from one read of the body
+        together, then the final ones (usage, finish) together.
 
         Use it under `contextlib.aclosing`. Failures (statuses, resets,
         timeouts, malformed events) end the stream with
@@ -258,13 +265,13 @@ class OpenAICompatProvider:
             opened = await self._open(http_request, deadline)
             if isinstance(opened, Failure):
                 finish = error_finish(opened)
-                yield finish
+                yield (finish,)
                 return
             body = _Body(opened)
             refusal = await self._refusal(body, deadline)
             if refusal is not None:
                 finish = error_finish(refusal)
-                yield finish
+                yield (finish,)
                 return
             parser = StreamParser(max_event_bytes=self._max_event_bytes)
             data_due = trio.current_time() + self._timeouts.no_data
@@ -285,16 +292,17 @@ class OpenAICompatProvider:
                     chunks = parser.feed(data)
                     if parser.data_events != seen:
                         data_due = trio.current_time() + self._timeouts.no_data
-                    for chunk in chunks:
-                        yield chunk
+                    if chunks:
+                        yield tuple(chunks)
             if parser.done:
                 # Read the end of the body so the connection can be reused.
                 with trio.move_on_after(_DRAIN_GRACE):
                     await body.exhaust()
-            for chunk in parser.final_chunks():
+            final = tuple(parser.final_chunks())
+            for chunk in final:
                 if isinstance(chunk, FinishChunk):
                     finish = chunk
-                yield chunk
+            yield final
         finally:
             self._in_flight -= 1
             if finish is not None and finish.failure is not None:

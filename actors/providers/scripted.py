@@ -9,6 +9,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
+from actors.providers.base import ChunkBatch, unbatched
 from actors.providers.chunks import (
     Chunk,
     Failure,
@@ -130,33 +131,43 @@ class ScriptedProvider:
         """How many scripted replies are left."""
         return len(self._script)
 
-    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+    def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
         """Record `request` and stream the next reply's chunks."""
+        return unbatched(self.stream_batches(request))
+
+    async def stream_batches(self, request: GenerateRequest) -> AsyncGenerator[ChunkBatch, None]:
+        """Record `request` and stream the next reply's chunks as one batch.
+
+        A `hang` reply's partial text comes as a batch of its own before the wait.
+        """
         self.requests.append(request)
         await trio.lowlevel.checkpoint()
         if not self._script:
-            yield FinishChunk(
-                reason="error",
-                failure=Failure(
-                    code="script_exhausted",
-                    message=f"the script has no reply for request {len(self.requests) - 1}",
-                ),
+            failure = Failure(
+                code="script_exhausted",
+                message=f"the script has no reply for request {len(self.requests) - 1}",
             )
+            yield (FinishChunk(reason="error", failure=failure),)
             return
         reply = self._script.pop(0)
         if reply.kind == "failure":
-            yield FinishChunk(reason="error", failure=reply.problem)
+            yield (FinishChunk(reason="error", failure=reply.problem),)
             return
+        chunks: list[Chunk] = []
         if reply.reasoning:
-            yield ReasoningDelta(text=reply.reasoning)
+            chunks.append(ReasoningDelta(text=reply.reasoning))
         if reply.body:
-            yield TextDelta(text=reply.body)
+            chunks.append(TextDelta(text=reply.body))
         if reply.kind == "hang":
+            if chunks:
+                yield tuple(chunks)
             await trio.sleep_forever()
         for index, call in enumerate(reply.calls):
-            yield ToolCallDelta(index=index, id=call.id, name=call.name, arguments=call.arguments)
+            chunks.append(
+                ToolCallDelta(index=index, id=call.id, name=call.name, arguments=call.arguments)
+            )
         if reply.usage is not None:
-            yield UsageChunk(usage=reply.usage)
+            chunks.append(UsageChunk(usage=reply.usage))
         reason: Literal["completed", "tool-calls", "max-tokens"] = (
             "tool-calls"
             if reply.calls
@@ -164,4 +175,5 @@ class ScriptedProvider:
             if reply.kind == "max-tokens"
             else "completed"
         )
-        yield FinishChunk(reason=reason)
+        chunks.append(FinishChunk(reason=reason))
+        yield tuple(chunks)

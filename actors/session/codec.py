@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import attrs
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
@@ -261,9 +262,13 @@ def event_to_shared_json(event: Event) -> dict[str, Any]:
     one per session. The shared list must never be mutated: only stores
     that treat their JSON as read-only may use this form.
     """
-    out = event_to_json(event)
-    if isinstance(event.data, RequestHeaderLogged) and event.data.header.tools:
-        out["data"]["header"]["tools"] = _tools_entry(event.data.header.tools)[2]
+    data = event.data
+    if not isinstance(data, RequestHeaderLogged) or not data.header.tools:
+        return event_to_json(event)
+    # Encoded without its tools (so they are not decoded again), then given the shared list.
+    bare = attrs.evolve(data, header=attrs.evolve(data.header, tools=()))
+    out = event_to_json(attrs.evolve(event, data=bare))
+    out["data"]["header"]["tools"] = _tools_entry(data.header.tools)[2]
     return out
 
 

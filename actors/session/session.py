@@ -90,7 +90,7 @@ class Session:
     _surface: list[Message] = attrs.field(factory=list, init=False)
     _hibernated_length: int | None = attrs.field(default=None, init=False)
     _watches: int = attrs.field(default=0, init=False)
-    _extended: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _extended: trio.Event | None = attrs.field(default=None, init=False)  # while waited for
     _extension_waited: bool = attrs.field(default=False, init=False)
     _append_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock, init=False)
 
@@ -306,10 +306,10 @@ class Session:
                 for event in events:
                     if event.is_surface:
                         self._surface.append(message_of(event))
-            if self._extension_waited:
+            if self._extension_waited and self._extended is not None:
                 self._extension_waited = False
                 self._extended.set()
-                self._extended = trio.Event()
+                self._extended = None
             return events
         finally:
             self._append_lock.release()
@@ -340,6 +340,8 @@ class Session:
                 await self.store.wait_durable(self.id, seq)
             else:
                 # The store committed it before the appender recorded it here.
+                if self._extended is None:
+                    self._extended = trio.Event()
                 self._extension_waited = True
                 await self._extended.wait()
 

@@ -33,6 +33,7 @@ from actors.messages import TextBlock
 from actors.prompt import PromptSection, SystemPrompt
 from actors.providers import Chunk, FinishChunk, GenerateRequest
 from actors.providers.actor import ProviderActor
+from actors.providers.base import ChunkBatch, unbatched
 from actors.providers.openai_compat import OpenAICompatProvider, StreamTimeouts
 from actors.session import MemoryStore, SessionStore, SQLiteStore
 from actors.session.events import TurnEnd
@@ -50,6 +51,8 @@ StoreKind = Literal["memory", "sqlite"]
 _TIMEOUTS = StreamTimeouts(connect=120.0, read_idle=120.0, deadline=600.0)
 """Generous clocks: a burst of N requests queues at the one-process simulator, and on a
 loaded machine a timeout (then a retry) would measure the clock, not the runtime."""
+_FAILURE_SAMPLES = 5
+"""How many failed attempts' messages a level keeps (to say why, not just how many)."""
 ProgressHook = Callable[[int], None]
 """Called with the number of steps just completed (1 each time)."""
 
@@ -84,7 +87,8 @@ class LevelResult:
     """What one level measured (times in seconds unless named otherwise).
 
     `request_failures` counts failed provider attempts by failure code
-    (each was retried by the agent's retry policy, or failed its turn).
+    (each was retried by the agent's retry policy, or failed its turn);
+    `failure_samples` holds the messages of the first few of them.
     """
 
     framework: str
@@ -102,6 +106,7 @@ class LevelResult:
     single_turn_s: float
     idle_session_turn_s: float
     request_failures: dict[str, int]
+    failure_samples: list[str]
     settings: dict[str, Any]
 
 
@@ -149,27 +154,35 @@ class _TimedProvider:
         self.actor = actor
         self.waited: dict[str, float] = {}
         self.failures: dict[str, int] = {}
+        self.samples: list[str] = []
         self._on_step = on_step
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the wrapped actor."""
         await self.actor.serve(task_status=task_status)
 
-    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+    def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
         """The actor's stream, timed from the call to its finish chunk."""
+        return unbatched(self.stream_batches(request))
+
+    async def stream_batches(self, request: GenerateRequest) -> AsyncGenerator[ChunkBatch, None]:
+        """The actor's batches, timed from the call to the batch with the finish chunk."""
         key = _first_user_text(request)
         started = trio.current_time()
-        async with aclosing(self.actor.stream(request)) as chunks:
-            async for chunk in chunks:
-                if isinstance(chunk, FinishChunk):
-                    if chunk.failure is not None:
-                        code = chunk.failure.code
+        async with aclosing(self.actor.stream_batches(request)) as batches:
+            async for batch in batches:
+                finish = batch[-1]
+                if isinstance(finish, FinishChunk):
+                    if finish.failure is not None:
+                        code = finish.failure.code
                         self.failures[code] = self.failures.get(code, 0) + 1
+                        if len(self.samples) < _FAILURE_SAMPLES:
+                            self.samples.append(f"{code}: {finish.failure.message}")
                     elapsed = trio.current_time() - started
                     self.waited[key] = self.waited.get(key, 0.0) + elapsed
                     if self._on_step is not None:
                         self._on_step(1)
-                yield chunk
+                yield batch
 
 
 def _first_user_text(request: GenerateRequest) -> str:
@@ -260,6 +273,7 @@ async def _measure(
 ) -> LevelResult:
     sessions = settings.sessions
     provider.failures.clear()
+    provider.samples.clear()
     gc.collect()
     rss_before = rss_kb()
     agents: list[Agent] = [await start() for _ in range(sessions)]
@@ -307,6 +321,7 @@ async def _measure(
         single_turn_s=single,
         idle_session_turn_s=idle_turn,
         request_failures=dict(provider.failures),
+        failure_samples=list(provider.samples),
         settings=attrs.asdict(settings),
     )
 

@@ -11,6 +11,13 @@ to first byte) that keeps two extra counters per run: prompt tokens, and the pro
 client could have had from the cache (see `physical_hit_limit`). Routes on
 top of the simulator's: `GET /_bench/stats` (the counters as JSON) and
 `POST /_bench/reset` (zero the counters and empty the prefix cache).
+
+The benchmark model has no token pacing (`token_rate` 0): a reply is ready
+in full once its latency has passed, so the engine writes each reply's body
+in one piece (`Fault.write_size`, `BODY_WRITE_BYTES`), as a server's
+buffered writer would, instead of one socket write per event. Both the
+simulator's CPU and the client's reads then scale with requests, not with
+events; every framework measured meets the same server.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from actors.providers.simulator import (
     SimulatorConfig,
     SimulatorEngine,
 )
+from actors.providers.simulator.faults import Fault, FaultPlan
 from actors.providers.simulator.tokens import render_message
 
 STATS_PATH = "/_bench/stats"
@@ -123,6 +131,20 @@ class BenchAccounting:
         return self.hit_tokens / self.limit_tokens if self.limit_tokens else 0.0
 
 
+BODY_WRITE_BYTES = 1 << 20
+"""The size of the benchmark simulator's body writes: larger than any reply it gives."""
+
+
+class _WholeBodyFaults(FaultPlan):
+    """A fault plan whose requests (faulted or not) write bodies in `BODY_WRITE_BYTES` pieces."""
+
+    def take(self, request_number: int, header: str | None, model: str | None = None) -> Fault:
+        fault = super().take(request_number, header, model)
+        if fault.write_size is not None:
+            return fault
+        return attrs.evolve(fault, write_size=BODY_WRITE_BYTES)
+
+
 class BenchEngine(SimulatorEngine):
     """A simulator engine that also accounts hit ratios against their physical limit.
 
@@ -132,6 +154,7 @@ class BenchEngine(SimulatorEngine):
 
     def __init__(self, config: SimulatorConfig) -> None:
         super().__init__(config)
+        self.faults = _WholeBodyFaults()
         self._counts = {"chat_requests": 0, "prompt_tokens": 0, "hit_tokens": 0, "limit": 0}
 
     def accounting(self) -> BenchAccounting:

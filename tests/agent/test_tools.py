@@ -241,3 +241,25 @@ def test_tool_with_non_json_parameters_raises_naming_the_tool() -> None:
 
     with pytest.raises(PromptError, match="tool 'read'"):
         Tool(name="read", description="d", parameters={"default": object()}, execute=noop)
+
+
+def test_registries_of_the_same_tools_share_one_result_until_one_changes() -> None:
+    async def noop(arguments: dict[str, object] | str, call: object) -> str:
+        return "ok"
+
+    tools = [
+        Tool(name=name, description=name, parameters={"type": "object"}, execute=noop)
+        for name in ("a", "b")
+    ]
+    first, second = ToolRegistry.of(tools), ToolRegistry.of(tools)
+    ctx = None  # the provider does not look at the context
+    shared = first.provider(ctx)  # type: ignore[arg-type]
+    assert second.provider(ctx) is shared  # type: ignore[arg-type]
+    assert first.provider(ctx) is shared  # the same object every assembly: validated once  # type: ignore[arg-type]
+    extra = Tool(name="c", description="c", parameters={"type": "object"}, execute=noop)
+    first.add(extra)
+    second.remove("a")
+    assert [s.name for s in first.provider(ctx).schemas] == ["a", "b", "c"]  # type: ignore[arg-type]
+    assert [s.name for s in second.provider(ctx).schemas] == ["b"]  # type: ignore[arg-type]
+    assert ToolRegistry.of(tools).names() == ["a", "b"]  # the shared table is unchanged
+    assert first.names() == ["a", "b", "c"] and second.names() == ["b"]

@@ -9,6 +9,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import trio
+import trio.testing
 import trio_websocket
 
 from actors.agent import Agent, AgentOptions
@@ -149,10 +150,15 @@ async def test_a_subscriber_dropped_by_the_fanout_catches_up_and_loses_nothing()
             # A one-byte log lane: nearly every batch the fan-out offers is refused, so the
             # subscription keeps dropping out, catching up from the log and joining again.
             connection.outbox.log_capacity = 1
-            for turn in range(3):
-                agent.followup(f"turn {turn}")
-            await agent.when_idle()
-            await agent.session.flush()
+            # While the writer cannot write (its stream's lock is held here) the lane stays
+            # full, so the fan-out must refuse a batch whatever the machine's speed.
+            async with connection.transport.stream._lock:
+                for turn in range(3):
+                    agent.followup(f"turn {turn}")
+                await agent.when_idle()
+                await agent.session.flush()
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                assert connection.statistics().catch_ups > 0
             expected = [json.dumps(e) for e in _log(gateway, sid)]
             await client.wait_for_log_events(len(expected))
             assert [json.dumps(e) for e in client.log_events[sid]] == expected

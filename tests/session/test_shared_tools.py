@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import pytest
+
 from actors.prompt.types import ToolSchema
-from actors.session import MemoryStore
+from actors.session import MemoryStore, codec
 from actors.session.codec import event_to_json, event_to_shared_json
 from actors.session.events import Event, RequestHeaderLogged
 from actors.session.header import RequestHeader
@@ -74,3 +79,21 @@ async def test_loading_a_shared_tools_list_gives_back_the_very_schemas_logged() 
     (event,) = await store.load("a")
     assert isinstance(event.data, RequestHeaderLogged)
     assert all(a is b for a, b in zip(event.data.header.tools, TOOLS, strict=True))
+
+
+def test_the_shared_form_is_the_public_form_key_for_key_and_decodes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    public = event_to_json(_header_event())
+    event_to_shared_json(_header_event())  # caches the tool list's text and decoded copy
+    decoded: list[str] = []
+    real_loads = json.loads
+
+    def counting_loads(text: str, **kwargs: Any) -> Any:
+        decoded.append(text)
+        return real_loads(text, **kwargs)
+
+    monkeypatch.setattr(codec.json, "loads", counting_loads)
+    shared = event_to_shared_json(_header_event())
+    assert not [text for text in decoded if '"tool_0"' in text]  # the tool list is not decoded
+    assert json.dumps(shared) == json.dumps(public)  # same keys, same order, same values

@@ -109,8 +109,7 @@ def compose_answer(
         finish = "tool_calls" if calls else "length" if truncated else "stop"
     reasoning_tokens = tokenize(reply.reasoning)
     completion = render_message(_echo(reply, chat.thinking and chat.profile != "r1"))
-    hit = cache.lookup(chat.cache_key, prompt)
-    cache.insert(chat.cache_key, prompt + completion)
+    hit = cache.lookup_and_insert(chat.cache_key, prompt, completion)
     completion_count = (
         len(reasoning_tokens)
         + len(text_tokens)

@@ -13,6 +13,7 @@ clock) and the least recently used are evicted beyond `max_blocks`.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 
@@ -95,6 +96,30 @@ class PrefixCache:
             self._blocks.popitem(last=False)
             self._evictions += 1
 
+    def lookup_and_insert(self, key: str, prompt: Sequence[str], completion: Sequence[str]) -> int:
+        """`lookup(key, prompt)`, then `insert(key, prompt + completion)`, digesting once.
+
+        The prompt's blocks are the first blocks of prompt + completion, so
+        one pass of the digest chain serves both.
+        """
+        now = self._clock()
+        self._expire(now)
+        self._lookups += 1
+        digests = list(self._digests(key, [*prompt, *completion]))
+        hit = 0
+        for digest in digests[: len(prompt) // self._block]:
+            if digest not in self._blocks:
+                break
+            hit += self._block
+        for digest in digests:
+            self._blocks[digest] = now
+            self._blocks.move_to_end(digest)
+        while len(self._blocks) > self._max_blocks:
+            self._blocks.popitem(last=False)
+            self._evictions += 1
+        self._hit_tokens += hit
+        return hit
+
     def flush(self) -> int:
         """Forget everything; returns how many blocks were dropped."""
         dropped = len(self._blocks)
@@ -126,7 +151,8 @@ class PrefixCache:
         for start in range(0, len(tokens) - self._block + 1, self._block):
             block = tokens[start : start + self._block]
             h = hashlib.blake2b(digest, digest_size=16)
-            # Length-prefixed, so different splits of the same text differ.
-            h.update("".join(f"{len(token)}:{token}" for token in block).encode())
+            # The token lengths, then the text: different splits of the same text differ.
+            h.update(array("Q", map(len, block)).tobytes())
+            h.update("".join(block).encode())
             digest = h.digest()
             yield digest

@@ -15,6 +15,7 @@ history changes the tokens and loses the cache from there on.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,7 +26,18 @@ _TOKEN = re.compile(r" ?[A-Za-z0-9]{1,4}|\s+|[^A-Za-z0-9\s]{1,3}")
 
 def tokenize(text: str) -> list[str]:
     """Split `text` into tokens; joining them gives `text` back."""
-    return _TOKEN.findall(text)
+    if len(text) < _CACHED_FROM:
+        return _TOKEN.findall(text)
+    return list(_tokenize_long(text))
+
+
+_CACHED_FROM = 256
+"""Texts at least this long (system prompts, tool headers) are tokenized once, then cached."""
+
+
+@functools.lru_cache(maxsize=256)
+def _tokenize_long(text: str) -> tuple[str, ...]:
+    return tuple(_TOKEN.findall(text))
 
 
 def content_text(content: object) -> str:
