@@ -79,6 +79,8 @@ class Router:
     gateway_id: str = attrs.field(factory=lambda: secrets.token_hex(4))
     retries: int = 0
     """Calls sent again after a node died or answered `MOVED`."""
+    prompting: dict[str, str] = attrs.field(factory=dict)
+    """Session id → the node its `session/prompt` in flight went to (where a cancel goes)."""
 
     def link(self, node: NodeInfo) -> NodeLink:
         """The link to `node`, opened (in the router's nursery) when there is none up."""
@@ -138,6 +140,8 @@ class Router:
                     excluded.clear()
                     continue
                 asking = node.node_id
+                if method == "session/prompt":
+                    self.prompting[session_id] = node.node_id
                 try:
                     reply = await self.link(node).call(client.key, client.notify, method, params)
                 except ClientEnded as exc:

@@ -288,3 +288,39 @@ async def test_a_node_ends_an_overflowing_client_once_and_its_key_can_be_reused(
             assert "result" in replies[101], replies
             assert "result" in replies[102], replies
         nursery.cancel_scope.cancel()
+
+
+async def test_cancel_reaches_the_node_running_the_prompt(postgres_dsn: str) -> None:
+    config = cluster_config(postgres_dsn, token_rate=20, reply_tokens=400)
+    async with trio.open_nursery() as nursery:
+        async with (
+            running_cluster(config, ("a", "b"), nursery) as (_, gateway),
+            connect(gateway) as client,
+        ):
+            router = gateway.methods.router
+            sid = (await client.call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"]
+            prompt = text_prompt(sid)
+            await client.send(prompt)
+            with trio.fail_after(10):
+                await client.wait_for(lambda m: m["method"] == "session/update")
+            running_on = owner(sid, ["a", "b"])
+            # This gateway's view now places the session on the other node (a stale view).
+            moved_view = MembershipView()
+            moved_view._update(tuple(n for n in router.view.nodes if n.node_id != running_on))
+            router.view = moved_view
+            await client.send(
+                {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}}
+            )
+            with trio.fail_after(15):
+                reply = await client.answer(prompt["id"])
+            assert reply["result"]["stopReason"] == "cancelled", reply
+        nursery.cancel_scope.cancel()
+
+
+def text_prompt(session_id: str) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": "p-1",
+        "method": "session/prompt",
+        "params": {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]},
+    }
