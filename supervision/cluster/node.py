@@ -80,6 +80,11 @@ def default_node_id() -> str:
     return f"{socket.gethostname()}-{secrets.token_hex(3)}"
 
 
+def _url_host(host: str) -> str:
+    """`host` as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
 def _host_port(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > MAX_PORT:
@@ -104,6 +109,23 @@ class _ClientTransport:
     key: str
     stream: NodeStream
     inbound: trio.MemoryReceiveChannel[str]
+    outbound: trio.MemorySendChannel[str]
+    """The stream's side of `inbound` (closed when the client ends)."""
+    ended: bool = False
+    """True once the gateway was sent this client's end: nothing more is sent for it."""
+
+    def forget(self) -> None:
+        """Drop this client from the stream (only if its key still names this one)."""
+        if self.stream.clients.get(self.key) is self:
+            del self.stream.clients[self.key]
+        self.outbound.close()
+
+    async def end(self, code: int, reason: str) -> None:
+        """Send the gateway this client's end, once; later frames for it are not sent."""
+        self.forget()
+        if not self.ended:
+            self.ended = True
+            await self.stream.send(end_to_gateway(self.key, code, reason))
 
     async def receive(self) -> str | bytes:
         try:
@@ -116,14 +138,15 @@ class _ClientTransport:
         return MESSAGE_FRAMING
 
     async def send_batch(self, frames: list[bytes]) -> None:
+        if self.ended:
+            return  # the gateway ended this client; it drops what comes for it
         await self.stream.send(to_gateway(self.key, [frame.decode() for frame in frames]))
 
     async def close(self, code: int, reason: str) -> None:
-        self.stream.clients.pop(self.key, None)
-        await self.stream.send(end_to_gateway(self.key, code, reason))
+        await self.end(code, reason)
 
     async def abort(self) -> None:
-        self.stream.clients.pop(self.key, None)
+        self.forget()
 
 
 @attrs.define(eq=False)
@@ -133,7 +156,7 @@ class NodeStream:
     gateway: Gateway
     websocket: trio_websocket.WebSocketConnection
     principal_token: Token
-    clients: dict[str, trio.MemorySendChannel[str]] = attrs.field(factory=dict)
+    clients: dict[str, _ClientTransport] = attrs.field(factory=dict)
 
     async def send(self, text: str) -> None:
         """Send one envelope to the gateway.
@@ -163,34 +186,28 @@ class NodeStream:
                     await self.websocket.aclose(CLOSE_POLICY, str(exc)[:120])
                     break
                 if envelope.end is not None:
-                    channel = self.clients.pop(envelope.key, None)
-                    if channel is not None:
-                        channel.close()
+                    client = self.clients.get(envelope.key)
+                    if client is not None:
+                        client.forget()
                     continue
-                channel = self.clients.get(envelope.key)
-                if channel is None:
-                    channel = self._open(nursery, envelope.key)
+                client = self.clients.get(envelope.key)
+                if client is None:
+                    client = self._open(nursery, envelope.key)
                 for message in envelope.texts:
                     try:
-                        channel.send_nowait(message)
+                        client.outbound.send_nowait(message)
                     except trio.WouldBlock:
                         # Overflow: this client only is closed, the stream goes on.
-                        self.clients.pop(envelope.key, None)
-                        channel.close()
-                        await self.send(
-                            end_to_gateway(
-                                envelope.key, CLOSE_POLICY, f"over {CLIENT_QUEUE} frames queued"
-                            )
-                        )
+                        await client.end(CLOSE_POLICY, f"over {CLIENT_QUEUE} frames queued")
                         break
                     except trio.ClosedResourceError:
                         break
             nursery.cancel_scope.cancel()
 
-    def _open(self, nursery: trio.Nursery, key: str) -> trio.MemorySendChannel[str]:
+    def _open(self, nursery: trio.Nursery, key: str) -> _ClientTransport:
         send, receive = trio.open_memory_channel[str](CLIENT_QUEUE)
-        self.clients[key] = send
-        transport = _ClientTransport(key=key, stream=self, inbound=receive)
+        transport = _ClientTransport(key=key, stream=self, inbound=receive, outbound=send)
+        self.clients[key] = transport
 
         async def serve() -> None:
             try:
@@ -198,10 +215,10 @@ class NodeStream:
                     transport, Principal(token=self.principal_token), answer_after_eof=False
                 )
             finally:
-                self.clients.pop(key, None)
+                transport.forget()
 
         nursery.start_soon(serve)
-        return send
+        return transport
 
 
 def node_gateway(
@@ -311,7 +328,7 @@ async def run_node(
                         raise NodeError(
                             f"node {node_id!r} cannot listen on {listen}: {exc}"
                         ) from exc
-                    endpoint = f"ws://{host}:{server.port}"
+                    endpoint = f"ws://{_url_host(host)}:{server.port}"
                     gateway = node_gateway(
                         deployment,
                         profiles_of(deployment),

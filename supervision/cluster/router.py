@@ -35,7 +35,7 @@ import trio
 
 from supervision.cluster.membership import MembershipView, NodeInfo
 from supervision.cluster.placement import ranked
-from supervision.cluster.router_link import ClientEnded, NodeDown, NodeLink
+from supervision.cluster.router_link import ACK_DEADLINE_SECONDS, ClientEnded, NodeDown, NodeLink
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
 from supervision.gateway.connection import CLOSE_INTERNAL, Connection
 from supervision.gateway.protocol import INTERNAL_ERROR, OVERLOADED, RpcError
@@ -45,8 +45,14 @@ log = logging.getLogger(__name__)
 RETRY_DEADLINE_SECONDS = 60.0
 """How long a call is retried (node deaths, `MOVED`) before it fails -33003."""
 
+EACH_NODE_DEADLINE_SECONDS = 10.0
+"""How long a call sent to every node (the stats, the tree, watches) waits for each."""
+
 CLIENT_ENDED_RETRY_SECONDS = 0.1
 """The pause before asking a node again that closed the caller's virtual connection."""
+
+MAX_RETRY_AFTER_MS = 5000
+"""The longest pause a node's `retryAfterMs` can ask for before a call is sent again."""
 
 UNROUTED_LIMIT = 10_000
 """Log notifications held for a subscription whose reply has not been handled yet."""
@@ -62,6 +68,9 @@ class Router:
     secret: str = attrs.field(repr=False)
     nursery: trio.Nursery
     retry_deadline: float = RETRY_DEADLINE_SECONDS
+    each_node_deadline: float = EACH_NODE_DEADLINE_SECONDS
+    ack_deadline: float = ACK_DEADLINE_SECONDS
+    """Passed to each new `NodeLink` (see there)."""
     links: dict[str, NodeLink] = attrs.field(factory=dict)
     clients: dict[Connection, RouterClient] = attrs.field(factory=dict)
     """The router side of each live client connection."""
@@ -70,6 +79,8 @@ class Router:
     gateway_id: str = attrs.field(factory=lambda: secrets.token_hex(4))
     retries: int = 0
     """Calls sent again after a node died or answered `MOVED`."""
+    prompting: dict[str, str] = attrs.field(factory=dict)
+    """Session id → the node its `session/prompt` in flight went to (where a cancel goes)."""
 
     def link(self, node: NodeInfo) -> NodeLink:
         """The link to `node`, opened (in the router's nursery) when there is none up."""
@@ -78,7 +89,7 @@ class Router:
             return link
         if link is not None:
             link.close(f"node {node.node_id!r} restarted or its stream dropped")
-        link = NodeLink(node=node, secret=self.secret)
+        link = NodeLink(node=node, secret=self.secret, ack_deadline=self.ack_deadline)
         self.links[node.node_id] = link
         self.nursery.start_soon(link.run)
         return link
@@ -115,6 +126,8 @@ class Router:
         excluded: set[str] = set()
         version = self.view.version
         last = "no live node"
+        asking: str | None = None
+        # `asking`: the node a call is out to (None between attempts).
         with trio.move_on_after(self.retry_deadline):
             while True:
                 if self.view.version != version:
@@ -126,31 +139,39 @@ class Router:
                         await self.view.wait_changed(version)
                     excluded.clear()
                     continue
+                asking = node.node_id
+                if method == "session/prompt":
+                    self.prompting[session_id] = node.node_id
                 try:
                     reply = await self.link(node).call(client.key, client.notify, method, params)
                 except ClientEnded as exc:
+                    asking = None
                     # The node is up; it ended this client (e.g. a session broke there).
                     last = str(exc)
                     self.retries += 1
                     await trio.sleep(CLIENT_ENDED_RETRY_SECONDS)
                     continue
                 except NodeDown as exc:
+                    asking = None
                     last = str(exc)
                     excluded.add(node.node_id)
                     self.retries += 1
                     continue
+                asking = None
                 error = reply.get("error")
                 if isinstance(error, Mapping) and error.get("code") == MOVED:
                     last = str(error.get("message"))
                     data = error.get("data")
                     data = data if isinstance(data, Mapping) else {}
                     self.retries += 1
-                    wait = data.get("retryAfterMs")
-                    await trio.sleep((wait if isinstance(wait, int) else MOVED_RETRY_MS) / 1000)
+                    await trio.sleep(retry_after_ms(data.get("retryAfterMs")) / 1000)
                     continue
                 if session_id:
                     self._answered(session_id, node.node_id)
                 return node.node_id, reply
+        if asking is not None:  # the deadline came while a node had the call
+            before = "" if last == "no live node" else f"; before: {last}"
+            last = f"node {asking!r} did not answer in time{before}"
         raise RpcError(
             OVERLOADED,
             f"{method!r} for session {session_id!r}: no node answered within "
@@ -168,16 +189,23 @@ class Router:
     async def each_node(
         self, client: RouterClient, method: str, params: Mapping[str, Any]
     ) -> list[tuple[NodeInfo, Mapping[str, Any] | str]]:
-        """Send the call to every live node at once: each node's reply, or why it failed."""
+        """Send the call to every live node at once: each node's reply, or why it failed
+        (`"timeout"` for a node that did not answer within `each_node_deadline`)."""
         answers: list[tuple[NodeInfo, Mapping[str, Any] | str]] = []
 
         async def one(node: NodeInfo) -> None:
-            try:
-                answers.append(
-                    (node, await self.link(node).call(client.key, client.notify, method, params))
-                )
-            except NodeDown as exc:
-                answers.append((node, str(exc)))
+            with trio.move_on_after(self.each_node_deadline):
+                try:
+                    answers.append(
+                        (
+                            node,
+                            await self.link(node).call(client.key, client.notify, method, params),
+                        )
+                    )
+                except NodeDown as exc:
+                    answers.append((node, str(exc)))
+                return
+            answers.append((node, "timeout"))
 
         async with trio.open_nursery() as nursery:
             for node in self.view.nodes:
@@ -195,6 +223,14 @@ class Router:
         self.clients[connection] = client
         connection.on_close(client.ended)
         return client
+
+
+def retry_after_ms(value: object) -> int:
+    """A node's `retryAfterMs` hint as a pause: an int clamped to 0-`MAX_RETRY_AFTER_MS`
+    (`MOVED_RETRY_MS` when it is not an int; a bool is not one)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return MOVED_RETRY_MS
+    return min(max(value, 0), MAX_RETRY_AFTER_MS)
 
 
 def rpc_result(reply: Mapping[str, Any]) -> Any:
@@ -340,16 +376,24 @@ class RouterClient:
                 self, subscription.session_id, "_harness/log/subscribe", params
             )
             result = rpc_result(reply)
+            node_sub = result["subscription"]
         except RpcError as exc:
-            self.subscribing -= 1
             self.connection.close(
                 CLOSE_INTERNAL,
                 f"subscription {subscription.id} could not be resumed: {exc.message}",
             )
             return
-        self.subscribing -= 1
+        except (KeyError, TypeError) as exc:
+            self.connection.close(
+                CLOSE_INTERNAL,
+                f"subscription {subscription.id} could not be resumed: the node's "
+                f"log/subscribe reply has no subscription ({exc!r})",
+            )
+            return
+        finally:
+            self.subscribing -= 1
         subscription.resuming = False
-        self.serve(subscription, node_id, str(result["subscription"]))
+        self.serve(subscription, node_id, str(node_sub))
 
     # -- notifications -------------------------------------------------------------
 

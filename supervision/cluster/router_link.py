@@ -31,11 +31,35 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_SECONDS = 5.0
 """How long opening a node stream may take before the node counts as down."""
 
+ACK_DEADLINE_SECONDS = 10.0
+"""How long a node may take to acknowledge a new virtual connection (answer its
+`initialize`, which needs no session) before the call counts the node as down."""
+
 SEND_QUEUE = 1024
 """Envelopes queued for one node's writer; a caller past it waits (backpressure to its client)."""
 
 MAX_LINK_FRAME = 16 * 1024 * 1024
 """The largest envelope a node may send (a batch of one client's frames)."""
+
+
+def endpoint_address(node: NodeInfo) -> tuple[str, int, str]:
+    """The host, port and path of `node`'s `ws://HOST:PORT[/PATH]` endpoint (IPv6 bracketed).
+
+    Raises:
+        ValueError: the endpoint is not such a URL (the message names the node).
+    """
+    try:
+        url = urllib.parse.urlsplit(node.endpoint)
+        host, port = url.hostname, url.port
+    except ValueError as exc:
+        raise ValueError(
+            f"node {node.node_id!r} has a malformed endpoint {node.endpoint!r}: {exc}"
+        ) from None
+    if url.scheme != "ws" or not host or port is None:
+        raise ValueError(
+            f"node {node.node_id!r} has endpoint {node.endpoint!r}; expected ws://HOST:PORT"
+        )
+    return host, port, url.path or "/"
 
 
 class NodeDown(Exception):
@@ -70,6 +94,8 @@ class NodeLink:
     up: trio.Event = attrs.field(factory=trio.Event)
     down: str | None = None
     """Why the link is down (None while it may be used)."""
+    ack_deadline: float = ACK_DEADLINE_SECONDS
+    """How long a node may take to answer a virtual connection's `initialize`."""
     _opened: set[str] = attrs.field(factory=set)
     _generations: dict[str, int] = attrs.field(factory=dict)
     """Client key → how often the node ended it: each reopening uses a new wire key, so
@@ -87,6 +113,10 @@ class NodeLink:
     async def run(self) -> None:
         """Connect, then serve the stream until it drops or `close()`; never raises.
 
+        Any failure (an unreachable or malformed endpoint, a node sending
+        garbage, a bug) fails this link only: its waiting calls fail with
+        `NodeDown` and the reason names the node.
+
         Cancellation: closes the websocket; waiting calls fail with `NodeDown`.
         """
         reason = "node stream closed"
@@ -100,13 +130,17 @@ class NodeLink:
             trio_websocket.ConnectionClosed,
         ) as exc:
             reason = f"cannot keep a node stream to {self.node.endpoint}: {exc!r}"
+        except ValueError as exc:  # a malformed endpoint row (see `endpoint_address`)
+            reason = str(exc)
+        except Exception as exc:
+            log.exception("node stream to %s failed", self.node_id)
+            reason = f"node stream to {self.node_id!r} at {self.node.endpoint} failed: {exc!r}"
         finally:
             self._fail(reason)
 
     async def _connect_and_serve(self) -> str:
         """Open the TCP stream (ours, so it is always closed), upgrade it, serve it."""
-        url = urllib.parse.urlsplit(self.node.endpoint)
-        host, port = url.hostname or "", url.port or 80
+        host, port, path = endpoint_address(self.node)
         with trio.fail_after(CONNECT_TIMEOUT_SECONDS):
             stream = await trio.open_tcp_stream(host, port)
         try:
@@ -116,7 +150,7 @@ class NodeLink:
                         nursery,
                         stream,
                         host,
-                        url.path or "/",
+                        path,
                         extra_headers=[(b"Authorization", f"Bearer {self.secret}".encode())],
                         max_message_size=MAX_LINK_FRAME,
                     )
@@ -202,8 +236,13 @@ class NodeLink:
                 notify(self.node_id, {"_clientEnded": envelope.end, "reason": envelope.reason})
             return
         for text in envelope.texts:
-            message = json.loads(text)
+            try:
+                message = json.loads(text)
+            except ValueError as exc:
+                raise wire.EnvelopeError(f"a frame for {key!r} is not JSON: {exc}") from None
             for one in message if isinstance(message, list) else [message]:
+                if not isinstance(one, dict):
+                    raise wire.EnvelopeError(f"a frame for {key!r} is not a JSON-RPC object")
                 answered = one.get("id") if "method" not in one else None
                 found = self._waiters.pop(answered, None) if isinstance(answered, int) else None
                 if found is not None:
@@ -226,7 +265,13 @@ class NodeLink:
             return
         self._opened.add(key)
         try:
-            reply = await self._request(key, "initialize", {"protocolVersion": 1})
+            with trio.fail_after(self.ack_deadline):
+                reply = await self._request(key, "initialize", {"protocolVersion": 1})
+        except trio.TooSlowError:
+            self._opened.discard(key)
+            raise NodeDown(
+                f"node {self.node_id!r} did not answer initialize within {self.ack_deadline} s"
+            ) from None
         except BaseException:
             self._opened.discard(key)
             raise

@@ -100,16 +100,23 @@ async def by_session(f: Forwarded, call: Call, method: str) -> Any:
         params = _with_harness_meta(
             f.raw, requestId=f"{f.router.gateway_id}-{secrets.token_hex(8)}"
         )
-    _, reply = await f.router.forward(_client(f, call), session_id, method, params)
+    try:
+        _, reply = await f.router.forward(_client(f, call), session_id, method, params)
+    finally:
+        if method == "session/prompt":
+            f.router.prompting.pop(session_id, None)
     return rpc_result(reply)
 
 
 async def cancel(f: Forwarded, call: Call) -> None:
-    """Notification: pass `session/cancel` to the session's owner (nothing when it is down)."""
+    """Notification: pass `session/cancel` to the node its last prompt went to, else to the
+    session's owner (nothing when that node is down)."""
     session_id = f.raw.get("sessionId")
     if not isinstance(session_id, str) or not visible(call.principal, session_id):
         return
-    node = f.router.owner_of(session_id)
+    prompted = f.router.prompting.get(session_id)
+    link = f.router.links.get(prompted) if prompted is not None else None
+    node = link.node if link is not None and link.down is None else f.router.owner_of(session_id)
     if node is None:
         return
     client = _client(f, call)
@@ -154,6 +161,7 @@ async def log_subscribe(f: Forwarded, call: Call) -> Any:
     )
     client.serve(subscription, node_id, str(result["subscription"]))
     result["subscription"] = subscription.id
+    result["epoch"] = call.gateway.epoch  # the node's epoch means nothing to the client
     return result
 
 
