@@ -339,9 +339,16 @@ class _Handoff:
     """
 
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
+    _started: bool = False
     _ended: bool = False
     _abandoned: bool = False
     touched: list[object] = attrs.field(factory=list)
+
+    def begin(self) -> bool:
+        """In the thread: the call starts; False when the caller gave up first (do nothing)."""
+        with self._lock:
+            self._started = True
+            return not self._abandoned
 
     def end(self, result: object) -> bool:
         """In the thread: the call ended; True when the caller is gone (close now)."""
@@ -351,10 +358,14 @@ class _Handoff:
             return self._abandoned
 
     def abandon(self) -> bool:
-        """In Trio: the caller gives up; True when the thread has already ended (close now)."""
+        """In Trio: the caller gives up; True when the thread ended or never started (close now).
+
+        A cancellation can reach `trio.to_thread.run_sync` before its thread
+        runs at all; then nothing else would close the connections.
+        """
         with self._lock:
             self._abandoned = True
-            return self._ended
+            return self._ended or not self._started
 
 
 async def _blocking(
@@ -368,6 +379,8 @@ async def _blocking(
     handoff = _Handoff(touched=list(args))
 
     def run() -> _T:
+        if not handoff.begin():
+            raise MembershipError("the caller gave up before this call started")
         result: _T | None = None
         try:
             result = work(*args)
