@@ -25,8 +25,9 @@ from supervision.cluster.node import cluster_secret
 from supervision.cluster.router import Router
 from supervision.cluster.router_methods import ClusterMethodTable
 from supervision.config import DeploymentConfig
-from supervision.gateway import Gateway, GatewayError, Token
+from supervision.gateway import Gateway, Token
 from supervision.gateway.http import HttpFront
+from supervision.gateway.server import bind
 from supervision.gateway.sessions import SessionDirectory
 from supervision.runtime import open_runtime
 
@@ -59,14 +60,7 @@ async def serve_cluster_gateway(
     """
     secret = cluster_secret(config)
     assert config.store.url is not None
-    token_list = tuple(tokens)
-    if not token_list:
-        raise GatewayError("the gateway needs at least one token")
-    try:
-        listeners = await trio.open_tcp_listeners(port, host=host)
-    except OSError as exc:
-        raise GatewayError(f"cannot listen on {host}:{port}: {exc}") from exc
-    bound = listeners[0].socket.getsockname()[1]
+    token_list, listeners, bound = await bind(tokens, host, port)
     async with (
         open_runtime(
             system_prompt=SystemPrompt(), store=MemoryStore(), providers={}, name="gateway"

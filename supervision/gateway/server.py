@@ -380,6 +380,25 @@ class Gateway:
             connection.close(CLOSE_GOING_AWAY, "server shutting down")
 
 
+async def bind(
+    tokens: Iterable[Token], host: str, port: int
+) -> tuple[tuple[Token, ...], list[trio.SocketListener], int]:
+    """A gateway's tokens (at least one), its listeners on `host:port`, and the port they got.
+
+    Raises:
+        GatewayError: no token was given, or the address cannot be bound.
+    """
+    token_list = tuple(tokens)
+    if not token_list:
+        raise GatewayError("the gateway needs at least one token")
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise GatewayError(f"cannot listen on {host}:{port}: {exc}") from exc
+    bound = listeners[0].socket.getsockname()[1]
+    return token_list, listeners, bound
+
+
 async def serve_gateway(
     runtime: Runtime,
     *,
@@ -406,14 +425,7 @@ async def serve_gateway(
     Raises:
         GatewayError: the address cannot be bound.
     """
-    token_list = tuple(tokens)
-    if not token_list:
-        raise GatewayError("the gateway needs at least one token")
-    try:
-        listeners = await trio.open_tcp_listeners(port, host=host)
-    except OSError as exc:
-        raise GatewayError(f"cannot listen on {host}:{port}: {exc}") from exc
-    bound = listeners[0].socket.getsockname()[1]
+    token_list, listeners, bound = await bind(tokens, host, port)
     gateway = Gateway(
         runtime=runtime,
         directory=SessionDirectory(runtime=runtime, profiles=dict(profiles)),
