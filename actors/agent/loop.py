@@ -155,7 +155,8 @@ class AgentLoop:
 
     async def _append_shielded(self, *items: EventData, flush: bool = False) -> None:
         """Write closing events even while the turn is being cancelled (durably if `flush`)."""
-        with trio.CancelScope(shield=True), trio.move_on_after(WRITE_GRACE_SECONDS):
+        # One scope: shielded from the turn's cancellation, bounded by its own deadline.
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_GRACE_SECONDS):
             await self.session.extend(items)
             if flush:
                 await self.session.flush()
