@@ -35,7 +35,14 @@ import trio
 
 from supervision.cluster.membership import MembershipView, NodeInfo
 from supervision.cluster.placement import ranked
-from supervision.cluster.router_link import ACK_DEADLINE_SECONDS, ClientEnded, NodeDown, NodeLink
+from supervision.cluster.router_link import (
+    ACK_DEADLINE_SECONDS,
+    PING_INTERVAL_SECONDS,
+    PING_TIMEOUT_SECONDS,
+    ClientEnded,
+    NodeDown,
+    NodeLink,
+)
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
 from supervision.gateway.connection import CLOSE_INTERNAL, Connection
 from supervision.gateway.protocol import INTERNAL_ERROR, OVERLOADED, RpcError
@@ -71,6 +78,9 @@ class Router:
     each_node_deadline: float = EACH_NODE_DEADLINE_SECONDS
     ack_deadline: float = ACK_DEADLINE_SECONDS
     """Passed to each new `NodeLink` (see there)."""
+    ping_interval: float = PING_INTERVAL_SECONDS
+    ping_timeout: float = PING_TIMEOUT_SECONDS
+    """The node-stream keep-alive of each new `NodeLink` (see there)."""
     links: dict[str, NodeLink] = attrs.field(factory=dict)
     clients: dict[Connection, RouterClient] = attrs.field(factory=dict)
     """The router side of each live client connection."""
@@ -89,7 +99,13 @@ class Router:
             return link
         if link is not None:
             link.close(f"node {node.node_id!r} restarted or its stream dropped")
-        link = NodeLink(node=node, secret=self.secret, ack_deadline=self.ack_deadline)
+        link = NodeLink(
+            node=node,
+            secret=self.secret,
+            ack_deadline=self.ack_deadline,
+            ping_interval=self.ping_interval,
+            ping_timeout=self.ping_timeout,
+        )
         self.links[node.node_id] = link
         self.nursery.start_soon(link.run)
         return link
