@@ -34,15 +34,15 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
-from actors.session import Event, SessionError
+from actors.session import SessionError
 from supervision.gateway.auth import Principal
-from supervision.gateway.cursors import Cursor, LogCursor, PromptCursor
+from supervision.gateway.cursors import Cursor, EventBatch, LogCursor, PromptCursor
 from supervision.gateway.outbox import Outbox, OutboxClosed, OutboxOverflow
 from supervision.gateway.protocol import (
     INTERNAL_ERROR,
@@ -137,7 +137,6 @@ class _LiveLog:
     cursor: LogCursor
     stopped: bool = False
     catch_up: Callable[[], None] | None = None
-    wants_text: bool = True
     outbox: Outbox = attrs.field(init=False)
     framing: Framing = attrs.field(init=False)
 
@@ -145,7 +144,7 @@ class _LiveLog:
         self.outbox = self.connection.outbox
         self.framing = self.connection.transport.framing
 
-    def deliver(self, events: Sequence[Event], encoded: Sequence[bytes], head: int) -> bool:
+    def deliver(self, batch: EventBatch) -> bool:
         """Queue the batch's frames, or leave (False) when the log lane is full or closed."""
         if self.stopped:
             return False
@@ -153,7 +152,7 @@ class _LiveLog:
         if not outbox.log_has_room:
             self.connection.fall_behind(self)
             return False
-        frames = self.cursor.frames(events, encoded, head, self.framing)
+        frames = self.cursor.frames(batch, self.framing)
         if frames:
             outbox.offer_log(frames, sum(map(len, frames)))
         return True
