@@ -10,8 +10,9 @@ functions of params and a `Call`) never touch the transport.
   (-33003 `overloaded` beyond); a duplicate in-flight id is -32600. So the
   reader never blocks on a handler.
 - The **writer** drains the `Outbox` (replies first, then cursor batches),
-  letting log frames gather for up to 2 ms (`LOG_LINGER_SECONDS`) so one
-  write carries many; each write runs under the write deadline, and a write that stalls past it
+  everything queued in one write (the fan-out queues a whole round of
+  sessions' events before the writer runs, so one write carries them all);
+  each write runs under the write deadline, and a write that stalls past it
   closes the connection with **4008** (aborting it where even the close
   frame cannot be written).
 - Each **cursor** (prompt, load replay, a log subscription catching up) has
@@ -81,9 +82,6 @@ DEFAULT_PING_INTERVAL_SECONDS = 20.0
 
 DEFAULT_PING_TIMEOUT_SECONDS = 20.0
 """How long a ping's pong may take before the peer counts as dead (close 1011)."""
-
-LOG_LINGER_SECONDS = 0.002
-"""How long queued log frames wait for more before the writer sends them (replies never wait)."""
 
 CLOSE_GRACE_SECONDS = 1.0
 """How long a close handshake may take before the connection is aborted."""
@@ -502,18 +500,12 @@ class Connection:
     async def _write(self) -> None:
         while True:
             await self.outbox.wait_ready()
-            # Log frames wait up to `LOG_LINGER_SECONDS` for the ones that
-            # follow (the rest of a streamed step, other sessions' commits),
-            # so one wake and one write carry them all; a reply cuts it short.
-            with trio.move_on_after(LOG_LINGER_SECONDS):
-                await self.outbox.wait_control()
             self._unsent = self.outbox.take()
             # A batch is never cut by a close (only by the write deadline), so a
             # close never loses a reply that was already taken from the outbox.
-            with (
-                trio.CancelScope(shield=True),
-                trio.move_on_after(self.write_deadline) as deadline,
-            ):
+            with trio.CancelScope(
+                shield=True, deadline=trio.current_time() + self.write_deadline
+            ) as deadline:
                 try:
                     await self.transport.send_batch(self._unsent)
                 except TransportClosed:
