@@ -157,6 +157,7 @@ class LogCursor:
     finished: bool = False
     delivered: int = 0
     _prefix: bytes = attrs.field(init=False)
+    _around: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         # The envelope around each event (or each batch's array), written once per subscription.
@@ -169,6 +170,7 @@ class LogCursor:
             + dumps(self.session_id)
             + (',"events":[' if self.batch else ',"event":')
         ).encode()
+        self._around = len(self._prefix) + len(_EVENTS_END)
 
     def take(self, events: Sequence[Event], head: int, framing: Framing) -> list[bytes]:
         """The frames of `events` (see the class docstring), then `caughtUp` once at the head."""
@@ -186,6 +188,15 @@ class LogCursor:
         events = batch.events
         if not events:
             return []
+        if self.batch and self.types is None and self.caught_up and events[0].seq == self.next_seq:
+            # The fan-out's usual case: the whole batch in one frame, around the joined JSON
+            # that every subscriber of the session shares.
+            joined = batch.joined()
+            if len(joined) <= self.batch_max_bytes:
+                self.next_seq = events[-1].seq + 1
+                self.delivered += len(events)
+                header = framing.header(self._around + len(joined))
+                return [b"".join((header, self._prefix, joined, _EVENTS_END, framing.trailer))]
         start = self.next_seq - events[0].seq
         if start >= len(events):
             return []
@@ -230,14 +241,7 @@ class LogCursor:
         return frames
 
     def _batched(self, batch: EventBatch, start: int, framing: Framing) -> list[bytes]:
-        prefix, end = self._prefix, _EVENTS_END + framing.trailer
-        around = len(prefix) + len(_EVENTS_END)
-        if start == 0 and self.types is None:
-            joined = batch.joined()
-            if len(joined) <= self.batch_max_bytes:
-                # The usual case: the whole batch, its joined JSON shared by every subscriber.
-                self.delivered += len(batch.events)
-                return [b"".join((framing.header(around + len(joined)), prefix, joined, end))]
+        end, around = _EVENTS_END + framing.trailer, self._around
         texts: Sequence[bytes] = batch.texts
         events = batch.events
         if start > 0:
@@ -250,18 +254,16 @@ class LogCursor:
         size = 0
         for text in texts:
             if group and size + len(text) + len(group) > self.batch_max_bytes:
-                frames.append(self._batch_frame(group, size, framing, around, end))
+                frames.append(self._batch_frame(group, framing, around, end))
                 group, size = [], 0
             group.append(text)
             size += len(text)
         if group:
-            frames.append(self._batch_frame(group, size, framing, around, end))
+            frames.append(self._batch_frame(group, framing, around, end))
         self.delivered += len(texts)
         return frames
 
-    def _batch_frame(
-        self, texts: list[bytes], size: int, framing: Framing, around: int, end: bytes
-    ) -> bytes:
+    def _batch_frame(self, texts: list[bytes], framing: Framing, around: int, end: bytes) -> bytes:
         body = b",".join(texts)
         return b"".join((framing.header(around + len(body)), self._prefix, body, end))
 

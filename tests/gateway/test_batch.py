@@ -100,13 +100,16 @@ def _deliveries(draw: st.DrawFn) -> tuple[list[tuple[int, int]], int]:
     | st.deferred(lambda: st.frozensets(st.sampled_from(sorted({e.type for e in _events()})))),
     limit=st.sampled_from([1, 200, 1000, 256 * 1024]),
     head_extra=st.integers(0, 1),
+    live=st.booleans(),
 )
 def test_batched_and_unbatched_cursors_send_the_same_events_in_the_same_order(
     deliveries: tuple[list[tuple[int, int]], int],
     types: frozenset[str] | None,
     limit: int,
     head_extra: int,
+    live: bool,
 ) -> None:
+    """`live`: the cursor joined the fan-out at the head (caught up already)."""
     batches, first = deliveries
     head = len(_events()) - 1 + head_extra  # head_extra: never caught up within these batches
     streams = [
@@ -119,6 +122,7 @@ def test_batched_and_unbatched_cursors_send_the_same_events_in_the_same_order(
                 types=types,
                 batch=batch,
                 batch_max_bytes=limit,
+                caught_up=live,
             ),
             batches,
             head,
@@ -129,7 +133,7 @@ def test_batched_and_unbatched_cursors_send_the_same_events_in_the_same_order(
     expected = [e for e in _events()[first:] if types is None or e.type in types]
     assert [item[1] for item in streams[0] if item[0] == "event"] == [e.seq for e in expected]
     caught_up = [item for item in streams[0] if item[0] == "caughtUp"]
-    assert caught_up == ([] if head_extra else [("caughtUp", len(_events()) - 1)])
+    assert caught_up == ([] if head_extra or live else [("caughtUp", len(_events()) - 1)])
 
 
 async def test_a_batched_subscription_gets_the_log_in_fewer_frames() -> None:
