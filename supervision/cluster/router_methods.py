@@ -145,6 +145,12 @@ async def any_node(f: Forwarded, call: Call, method: str) -> Any:
 
 async def log_subscribe(f: Forwarded, call: Call) -> Any:
     """Subscribe on the session's owner; the subscription then survives that node's death."""
+    if f.typed.batch:
+        raise invalid_params(
+            "/batch",
+            "unsupported",
+            "the cluster gateway sends one _harness/log/event per event; subscribe without batch",
+        )
     session_id = _session(f, call)
     client = _client(f, call)
     client.subscribing += 1
