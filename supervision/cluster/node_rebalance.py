@@ -7,6 +7,10 @@ subscribers here are told `_harness/log/moved` (the gateway resumes them on
 the new owner), and its agent is closed, which flushes the log and releases
 the lease. The new owner takes it over on first touch. Sessions whose owner
 did not change stay where they are.
+
+An idle agent has no input waiting (queuing a prompt wakes it at once), so
+a prompt still being answered here then only replays a turn already in the
+log: it is not waited for, and finishes from the store after the release.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ class Rebalancer:
             if agent is None:
                 return
             async with agent.session.watch() as events:
-                while agent.status != "idle" or self._prompt_pending(session_id):
+                while agent.status != "idle":
                     async for event in events:
                         if isinstance(event.data, TurnEnd):
                             break
@@ -102,6 +106,3 @@ class Rebalancer:
                 log.info("node %s released session %s to its new owner", self.node_id, session_id)
         finally:
             self._releasing.discard(session_id)
-
-    def _prompt_pending(self, session_id: str) -> bool:
-        return any(session_id in c.prompts for c in self.gateway.connections)
