@@ -2,7 +2,8 @@
 
 When the membership view changes (a node joined), every session this node
 hosts whose owner over the new view is another node is released at its
-next turn boundary, never mid-turn: once its agent is idle, its log
+next turn boundary, never mid-turn (and so is a session started here,
+after its first turn, when the view already places it elsewhere): once its agent is idle, its log
 subscribers here are told `_harness/log/moved` (the gateway resumes them on
 the new owner), and its agent is closed, which flushes the log and releases
 the lease. The new owner takes it over on first touch. Sessions whose owner
@@ -16,6 +17,7 @@ log: it is not waited for, and finishes from the store after the release.
 from __future__ import annotations
 
 import logging
+import weakref
 
 import attrs
 import trio
@@ -28,6 +30,14 @@ from supervision.gateway.protocol import notification
 from supervision.gateway.sessions import AGENT_CHILD_PREFIX
 
 log = logging.getLogger(__name__)
+
+_CLOSING: weakref.WeakKeyDictionary[Gateway, set[str]] = weakref.WeakKeyDictionary()
+
+
+def closing_here(gateway: Gateway, session_id: str) -> bool:
+    """True while this node is releasing `session_id` (its agent is being closed): a call
+    for it here is answered `MOVED`, never served by the agent on its way out."""
+    return session_id in _CLOSING.get(gateway, ())
 
 
 def hosted_sessions(gateway: Gateway) -> list[str]:
@@ -66,6 +76,10 @@ class Rebalancer:
     releases: int = 0
     """Sessions released to another node so far."""
     _releasing: set[str] = attrs.field(factory=set)
+    _closing: set[str] = attrs.field(factory=set)
+
+    def __attrs_post_init__(self) -> None:
+        _CLOSING[self.gateway] = self._closing
 
     def owned_elsewhere(self, session_id: str) -> bool:
         """True when the view places `session_id` on another node (and knows this one)."""
@@ -79,20 +93,31 @@ class Rebalancer:
         """
         version = self.view.version
         async with trio.open_nursery() as nursery:
-            while True:
-                version = await self.view.wait_changed(version)
-                for session_id in hosted_sessions(self.gateway):
-                    if session_id not in self._releasing and self.owned_elsewhere(session_id):
-                        self._releasing.add(session_id)
-                        nursery.start_soon(self._release_when_idle, session_id)
 
-    async def _release_when_idle(self, session_id: str) -> None:
+            def check(session_id: str, after_a_turn: bool = False) -> None:
+                if session_id not in self._releasing and self.owned_elsewhere(session_id):
+                    self._releasing.add(session_id)
+                    nursery.start_soon(self._release_when_idle, session_id, after_a_turn)
+
+            # A session started here after the last view change (a failover to this
+            # node while views differed) is released after its next turn.
+            stop = self.gateway.directory.on_start(lambda sid: check(sid, after_a_turn=True))
+            try:
+                while True:
+                    version = await self.view.wait_changed(version)
+                    for session_id in hosted_sessions(self.gateway):
+                        check(session_id)
+            finally:
+                stop()
+
+    async def _release_when_idle(self, session_id: str, after_a_turn: bool = False) -> None:
         try:
             agent = self.gateway.directory.live_agent(session_id)
             if agent is None:
                 return
             async with agent.session.watch() as events:
-                while agent.status != "idle":
+                while after_a_turn or agent.status != "idle":
+                    after_a_turn = False
                     async for event in events:
                         if isinstance(event.data, TurnEnd):
                             break
@@ -100,9 +125,11 @@ class Rebalancer:
                         return  # the agent ended by itself
                 if not self.owned_elsewhere(session_id):
                     return
+                self._closing.add(session_id)
                 tell_subscribers_moved(self.gateway, session_id)
                 await self.gateway.directory.close(session_id)
                 self.releases += 1
                 log.info("node %s released session %s to its new owner", self.node_id, session_id)
         finally:
             self._releasing.discard(session_id)
+            self._closing.discard(session_id)

@@ -54,6 +54,8 @@ class RpcConnection:
     _ids: itertools.count[int] = attrs.field(factory=itertools.count)
     _pending: dict[int, _Slot] = attrs.field(factory=dict)
     closed: bool = False
+    close_reason: str | None = None
+    """Why the peer closed the socket (its close code and reason), once it did."""
 
     async def call(self, method: str, params: Any = None) -> Any:
         """Send `method` and wait for its result.
@@ -94,8 +96,8 @@ class RpcConnection:
                         if slot is not None:
                             slot.answer = message
                             slot.done.set()
-        except trio_websocket.ConnectionClosed:
-            pass
+        except trio_websocket.ConnectionClosed as exc:
+            self.close_reason = str(exc.reason)
         finally:
             self.closed = True
             for slot in self._pending.values():
