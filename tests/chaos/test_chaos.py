@@ -55,8 +55,9 @@ TAKEOVER_SECONDS = 13.0
 at a time)."""
 STOP_SECONDS = max(LEASE_TTL_SECONDS, DEAD_AFTER_SECONDS) + TAKEOVER_SECONDS
 """The stall: past its leases and its death timeout, with time for others to take over."""
+MID_TOOL_CALLS = 10
 MID_TOOL_TIMEOUT = 10.0
-"""How long the stall waits for the node to be in the middle of a tool call."""
+"""How long the stall waits for the node to be in the middle of `MID_TOOL_CALLS` tool calls."""
 JOURNAL_POLL_SECONDS = 0.1
 AFTER_RESUME_SECONDS = 4.0
 AFTER_JOIN_SECONDS = 10.0
@@ -100,11 +101,12 @@ async def journal_of(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 async def mid_tool(cluster: Cluster, pid: int) -> None:
-    """Return once process `pid` runs a `chaos_step` (its journal says so), within
-    `MID_TOOL_TIMEOUT`: the stall must catch work in hand, whose late results get fenced."""
+    """Return once process `pid` runs `MID_TOOL_CALLS` `chaos_step`s (its journal says so),
+    within `MID_TOOL_TIMEOUT`: the stall must catch work in hand, whose late results get
+    fenced."""
     for _ in range(round(MID_TOOL_TIMEOUT / JOURNAL_POLL_SECONDS)):
         # The journal is another process's file: nothing to wait on but the next look.
-        if in_flight_at(await journal_of(cluster), pid, time.time()):
+        if in_flight_at(await journal_of(cluster), pid, time.time()) >= MID_TOOL_CALLS:
             return
         await trio.sleep(JOURNAL_POLL_SECONDS)
 
