@@ -73,3 +73,45 @@ async def test_an_idle_session_with_a_prompt_replaying_from_the_log_is_released(
             stored = await gateway.runtime.store.load(sid)
             assert sum(isinstance(e.data, TurnStart) for e in stored) == 1
             nursery.cancel_scope.cancel()
+
+
+async def test_a_session_started_here_while_owned_elsewhere_is_released_once_idle() -> None:
+    async with running_gateway() as gateway:
+        gateway.methods = MethodTable(methods=NODE_METHODS)
+        directory = gateway.directory
+        async with connect(gateway) as client, trio.open_nursery() as nursery:
+            with trio.fail_after(30):
+                view = MembershipView()
+                view._update(
+                    tuple(
+                        NodeInfo(node_id=name, endpoint="ws://127.0.0.1:1", incarnation="1")
+                        for name in ("me", "other")
+                    )
+                )
+                stored: dict[str, str] = {}  # owner → a stored session it owns, not running
+                while len(stored) < 2:
+                    agent = await directory.create(profile="default", owner=None)
+                    stored.setdefault(owner(agent.session.id, ["me", "other"]), agent.session.id)
+                    await directory.close(agent.session.id)
+                released = trio.Event()
+                directory.on_change(
+                    lambda sid, change, _: (
+                        released.set() if (sid, change) == (stored["other"], "removed") else None
+                    )
+                )
+                rebalancer = Rebalancer(
+                    gateway=gateway, view=view, node_id="me", takeover_grace=0.2
+                )
+                nursery.start_soon(rebalancer.run)
+                await trio.testing.wait_all_tasks_blocked()
+                # A gateway that saw "other" down sends both here: each is taken over, and
+                # its prompt runs to its end before anything is released.
+                for rpc_id, sid in enumerate((stored["other"], stored["me"])):
+                    await client.send(prompt(sid, rpc_id))
+                    reply = await client.answer(rpc_id)
+                    assert reply["result"]["stopReason"] == "end_turn"
+                await released.wait()
+                assert rebalancer.releases == 1
+                assert directory.live_agent(stored["other"]) is None  # released to its owner
+                assert directory.live_agent(stored["me"]) is not None  # owned here: kept
+            nursery.cancel_scope.cancel()
