@@ -17,8 +17,9 @@ one; and nothing the stalled node produced after it lost its leases
 (the journal of the `chaos_step` tool names each result's process and
 time) reached the log, its late commits counted as fenced.
 
-Run by `make test-chaos` (not by `make test`). Bounded: the whole run takes
-well under 3 minutes on a 2-core machine.
+Run by `make test-chaos` (not by `make test`), which `.ci/run` runs after
+`make test`. Bounded: the whole run takes well under 3 minutes on a 2-core
+machine.
 """
 
 from __future__ import annotations
