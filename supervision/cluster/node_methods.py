@@ -38,6 +38,7 @@ from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
 from supervision.gateway.acp_methods import require_session, user_message
 from supervision.gateway.connection import DEFERRED, Call
 from supervision.gateway.cursors import PromptCursor
+from supervision.gateway.harness_methods import place_message
 from supervision.gateway.messages import NewSessionParams, PromptParams, SendParams
 from supervision.gateway.methods import METHODS, Method
 from supervision.gateway.protocol import (
@@ -335,12 +336,7 @@ async def send(params: NodeSendParams, call: Call) -> dict[str, Any]:
     accepted = {"accepted": True, "placement": params.placement}
     if index.find(request_id) is not None or index.queued_at(request_id) is not None:
         return accepted
-    if params.placement == "next_turn":
-        agent.followup(message)
-    elif params.placement == "next_step":
-        agent.steer(message)
-    else:
-        agent.inject(message)
+    place_message(agent, message, params.placement)
     index.queue(request_id)
     return accepted
 
