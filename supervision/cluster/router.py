@@ -31,6 +31,14 @@ and once the lane has room again the subscription is resumed from the
 seq after the last event passed on (the node replays the rest from the
 store). So a slow supervisor is never closed for its log subscriptions,
 and it loses and repeats nothing.
+
+A prompt's (or a load's) `session/update`s are relayed into the same log
+lane (`Connection.relay_log`), and the prompt's reply is queued behind them
+there, so it never overtakes them: a slow supervisor is closed 4008 only
+when a write stalls past the write deadline, as in the single-process
+gateway, or when more than the outbox's relay limit (bytes) waits (the node
+does not wait for the supervisor, so the gateway cannot leave them in the
+log as a cursor does).
 """
 
 from __future__ import annotations
@@ -514,6 +522,9 @@ class RouterClient:
             moved = self._served.get((node_id, str(params.get("subscription"))))
             if moved is not None:
                 self.resume(moved)
+        elif method == "session/update":
+            # Paced as the single-process gateway paces a prompt's updates: the log lane.
+            self.connection.relay_log(message)
         elif method == "_harness/sessions/changed":
             watch = self.watches.get((node_id, str(params.get("subscription"))))
             if watch is not None:

@@ -499,6 +499,35 @@ class Connection:
         """Queue a notification on the control lane (snapshots, changes)."""
         self._send_control(message)
 
+    def relay_log(self, message: Mapping[str, Any]) -> None:
+        """Queue a relayed `session/update` (or other log-lane message) on the log lane now.
+
+        Paced like a cursor's frames (after queued replies, written under the
+        write deadline); more than the outbox's relay limit waiting closes
+        the connection with 4008 (a slow consumer).
+        """
+        frame = self.transport.framing.frame(dumps(message).encode())
+        try:
+            self.outbox.push_log([frame], len(frame))
+        except OutboxOverflow as exc:
+            self.gateway.count_slow_consumer()
+            self.close(CLOSE_SLOW_CONSUMER, str(exc))
+        except OutboxClosed:
+            pass
+
+    async def answer_after_log(self, request_id: JsonId, message: Mapping[str, Any]) -> None:
+        """Queue a deferred request's reply behind the log-lane frames already queued (the
+        updates it ends), then free its in-flight slot (see `release`).
+
+        Cancellation: cancellable; a cancelled answer queued nothing.
+        """
+        try:
+            await self.outbox.put_log([self.transport.framing.frame(dumps(message).encode())])
+        except OutboxClosed:
+            pass
+        finally:
+            self.release(request_id)
+
     def _send_control(self, message: Mapping[str, Any]) -> None:
         self._put_control(dumps(message))
 
