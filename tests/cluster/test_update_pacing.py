@@ -59,6 +59,25 @@ async def turn_ended(driver: RpcClient, session_id: str) -> None:
     )
 
 
+async def watched_session(driver: RpcClient) -> str:
+    """A new session's id, with `driver` subscribed to its log."""
+    sid = str((await driver.call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"])
+    await driver.call("_harness/log/subscribe", {"sessionId": sid})
+    return sid
+
+
+async def send_prompt(client: RpcClient, session_id: str) -> None:
+    """Send `session/prompt` (id "p") without waiting for its answer."""
+    await client.send(
+        {
+            "jsonrpc": "2.0",
+            "id": "p",
+            "method": "session/prompt",
+            "params": {"sessionId": session_id, "prompt": [{"type": "text", "text": "go"}]},
+        }
+    )
+
+
 async def open_slow(nursery: trio.Nursery, host: str, port: int) -> RpcClient:
     stream = await small_window_stream(host, port)
     websocket = await trio_websocket.wrap_client_stream(
@@ -86,25 +105,12 @@ async def test_a_slow_prompter_keeps_its_connection_and_gets_every_update_in_ord
             assert isinstance(connection, Connection)
             async with connect(gateway) as driver:
                 with trio.fail_after(90):
-                    sid = (await driver.call("session/new", {"cwd": "/", "mcpServers": []}))[
-                        "sessionId"
-                    ]
-                    await driver.call("_harness/log/subscribe", {"sessionId": sid})
+                    sid = await watched_session(driver)
                     connection.write_deadline = 60.0
                     async with connection.transport.stream._lock:
                         # The writer is held while the whole turn streams (800 updates,
                         # more than the control lane's 512 frames).
-                        await slow.send(
-                            {
-                                "jsonrpc": "2.0",
-                                "id": "p",
-                                "method": "session/prompt",
-                                "params": {
-                                    "sessionId": sid,
-                                    "prompt": [{"type": "text", "text": "go"}],
-                                },
-                            }
-                        )
+                        await send_prompt(slow, sid)
                         await turn_ended(driver, sid)
                     reply = await slow.answer("p")
                     assert reply["result"]["stopReason"] == "end_turn"
@@ -135,23 +141,10 @@ async def test_a_prompter_that_stops_reading_is_closed_4008_only_at_the_write_de
             assert isinstance(connection, Connection)
             async with connect(gateway) as driver:
                 with trio.fail_after(90):
-                    sid = (await driver.call("session/new", {"cwd": "/", "mcpServers": []}))[
-                        "sessionId"
-                    ]
-                    await driver.call("_harness/log/subscribe", {"sessionId": sid})
+                    sid = await watched_session(driver)
                     connection.write_deadline = 2.0
                     async with connection.transport.stream._lock:
-                        await slow.send(
-                            {
-                                "jsonrpc": "2.0",
-                                "id": "p",
-                                "method": "session/prompt",
-                                "params": {
-                                    "sessionId": sid,
-                                    "prompt": [{"type": "text", "text": "go"}],
-                                },
-                            }
-                        )
+                        await send_prompt(slow, sid)
                         # Over 512 updates come while nothing is read; only the write
                         # stalled past its deadline closes the connection.
                         started = trio.current_time()
