@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 import trio
-import trio_websocket
 
 from supervision.gateway.connection import CLOSE_SLOW_CONSUMER, Connection
 from tests.cluster.helpers import CLUSTER_SECRET, cluster_config, running_cluster
-from tests.cluster.test_log_pacing import read_slowly, small_window_stream, whole_log
-from tests.gateway.helpers import AUTH, RpcClient, connect
+from tests.cluster.test_log_pacing import open_slow, whole_log
+from tests.gateway.helpers import RpcClient, connect
 
 
 @pytest.fixture(autouse=True)
@@ -76,22 +75,6 @@ async def send_prompt(client: RpcClient, session_id: str) -> None:
             "params": {"sessionId": session_id, "prompt": [{"type": "text", "text": "go"}]},
         }
     )
-
-
-async def open_slow(nursery: trio.Nursery, host: str, port: int) -> RpcClient:
-    stream = await small_window_stream(host, port)
-    websocket = await trio_websocket.wrap_client_stream(
-        nursery,
-        stream,
-        host,
-        "/acp",
-        extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
-        message_queue_size=1,
-    )
-    slow = RpcClient(ws=websocket)
-    nursery.start_soon(read_slowly, slow)
-    await slow.call("initialize", {"protocolVersion": 1})
-    return slow
 
 
 async def test_a_slow_prompter_keeps_its_connection_and_gets_every_update_in_order(
