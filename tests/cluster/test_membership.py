@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from supervision.cluster import Membership, MembershipError, MembershipView, NodeInfo, owner
-from tests.postgres import PostgresServer, PostgresUnavailable
+from tests.postgres import PostgresServer, running_postgres
 
 
 async def changed(view: MembershipView, version: int) -> list[str]:
@@ -164,14 +164,8 @@ async def test_a_node_that_did_not_run_past_dead_after_heartbeats_again(
 @pytest.fixture(scope="module")
 def own_postgres() -> Iterator[PostgresServer]:
     """A server of this module's own, which the outage tests stop and start again."""
-    try:
-        server = PostgresServer.start()
-    except PostgresUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
+    with running_postgres() as server:
         yield server
-    finally:
-        server.stop()
 
 
 async def test_nodes_and_views_ride_out_a_short_database_outage(
