@@ -42,6 +42,7 @@ from actors.providers.simulator.exchange import (
 )
 from actors.providers.simulator.faults import FAULT_HEADER, Fault, FaultError, FaultPlan
 from actors.providers.simulator.model import ReplyScript
+from actors.providers.simulator.prompt_chain import PromptChains
 from actors.providers.simulator.responses import (
     error_response,
     fault_response,
@@ -169,6 +170,11 @@ class SimulatorEngine:
             ttl=self.config.cache_ttl,
             max_blocks=self.config.cache_max_blocks,
             clock=clock,
+        )
+        self._chains = PromptChains(
+            block_tokens=self.config.cache_block_tokens,
+            max_nodes=self.config.prompt_memo_segments,
+            max_chars=self.config.prompt_memo_chars,
         )
         self._records: deque[RecordedRequest] = deque(maxlen=self.config.max_recorded)
         self._chat_requests = 0
@@ -327,6 +333,7 @@ class SimulatorEngine:
             replies=self.replies,
             script=self.config.script,
             cache=self._cache,
+            chains=self._chains,
             reply_tokens=self.config.reply_tokens,
         )
         record.usage = types.MappingProxyType(answer.usage)
