@@ -15,6 +15,11 @@ accounted in the prefix cache, and streamed as server-sent events
 sent as one `chat.completion` body (`completion`). Every chat request is
 recorded (`requests`), including what became of it: completed, rejected,
 reset, or disconnected by the client.
+
+The engine waits through AnyIO, so it runs under Trio (the tests, the
+demo, `serve_simulator`) and under asyncio (the benchmark's simulator
+process, served by Uvicorn); under Trio every wait is Trio's own, so
+`autojump_clock` tests take no real time.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, Literal, TypeAlias
 
+import anyio
 import attrs
-import trio
 
 from actors.providers.simulator.answer import Answer, compose_answer
 from actors.providers.simulator.cache import CacheStatistics, PrefixCache
@@ -106,7 +111,7 @@ class RecordedRequest:
     status: int | None = None
     usage: Mapping[str, Any] | None = None
     outcome: Outcome = "pending"
-    _settled: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _settled: anyio.Event = attrs.field(factory=anyio.Event, init=False)
 
     async def wait_settled(self) -> Outcome:
         """Wait until the request's outcome is final (not pending or streaming); return it.
@@ -146,7 +151,8 @@ class SimulatorEngine:
 
     Args:
         config: Behaviour knobs.
-        clock: Monotonic seconds, for cache TTLs (default `trio.current_time`).
+        clock: Monotonic seconds, for cache TTLs (default `anyio.current_time`: the
+            event loop's clock, Trio's under Trio).
         wall_clock: Epoch seconds, for the `created` field of chunks.
 
     Attributes:
@@ -158,7 +164,7 @@ class SimulatorEngine:
         self,
         config: SimulatorConfig | None = None,
         *,
-        clock: Callable[[], float] = trio.current_time,
+        clock: Callable[[], float] = anyio.current_time,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config or SimulatorConfig()
@@ -286,7 +292,7 @@ class SimulatorEngine:
             return
         slept = False
         try:
-            await trio.sleep(seconds)
+            await anyio.sleep(seconds)
             slept = True
         finally:
             if not slept:  # the client gave up waiting for the headers

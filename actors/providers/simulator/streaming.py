@@ -2,7 +2,7 @@
 
 `Frames` turns a reply into chat-completion-chunk frames (keep-alives first,
 then the role, reasoning, text and tool-call deltas, the finish chunk, usage
-and `[DONE]` as the `Fault` asks); `write_events` paces them on Trio's clock
+and `[DONE]` as the `Fault` asks); `write_events` paces them on the event loop's clock
 and writes them through a `Writer` (line ends and write sizes), applying the
 fault's resets, stalls, malformed events and llama.cpp pings on the way.
 """
@@ -14,8 +14,8 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from json.encoder import encode_basestring  # what json.dumps uses for a str
 from typing import Any
 
+import anyio
 import attrs
-import trio
 
 from actors.providers.simulator.exchange import ConnectionReset
 from actors.providers.simulator.faults import Fault
@@ -217,7 +217,7 @@ async def write_events(
     on_complete: Callable[[], None],
     on_reset: Callable[[int], ConnectionReset],
 ) -> AsyncGenerator[bytes, None]:
-    """The bytes of `frames`, paced on Trio's clock, with `fault`'s stream faults applied.
+    """The bytes of `frames`, paced on the event loop's clock, with `fault`'s stream faults applied.
 
     Data events are counted from 0; before the event numbered
     `reset_after_chunks` the stream flushes and raises, before the one
@@ -244,7 +244,7 @@ async def write_events(
     writer = Writer(size=fault.write_size, newline="\r\n" if fault.crlf else "\n")
     if frames and writer.size is not None and _unbroken(fault) and not any(f.delay for f in frames):
         # Nothing to pace or break, and the writer re-cuts: the same writes, in one pass.
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         for piece in writer.push("".join(frame.text for frame in frames[:-1])):
             yield piece
         last = [*writer.push(frames[-1].text), *writer.flush()]
@@ -261,12 +261,12 @@ async def write_events(
                     yield piece
                 if fault.reset_after_chunks == sent:
                     raise on_reset(sent)
-                await trio.sleep_forever()
+                await anyio.sleep_forever()
             if fault.trickle_after_chunks == sent:
                 for piece in writer.flush():
                     yield piece
                 while True:
-                    await trio.sleep(fault.keepalive_interval)
+                    await anyio.sleep(fault.keepalive_interval)
                     for piece in [*writer.push(f"{fault.keepalive_line}\n\n"), *writer.flush()]:
                         yield piece
             if fault.malformed_after_chunks == sent:
@@ -275,9 +275,9 @@ async def write_events(
                 pieces += writer.push(": ping\n\n")
             sent += 1
         if frame.delay:
-            await trio.sleep(frame.delay)
+            await anyio.sleep(frame.delay)
         else:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
         pieces += writer.push(frame.text)
         if position == len(frames) - 1:
             pieces += writer.flush()
