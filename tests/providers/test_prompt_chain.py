@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from actors.providers.simulator import PrefixCache, tokenize
 from actors.providers.simulator.prompt_chain import PromptChains
-from actors.providers.simulator.tokens import tools_text
 
 # Few distinct characters, so segments repeat and prompts share prefixes.
 SEGMENT = st.text(alphabet="ab c\n{}:é", max_size=30)
@@ -119,28 +118,3 @@ def test_the_memo_keeps_what_it_is_bounded_to() -> None:
 def test_bounds_must_be_positive() -> None:
     with pytest.raises(ValueError, match="must be positive"):
         PromptChains(block_tokens=4, max_nodes=0, max_chars=1)
-
-
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
-    max_leaves=8,
-)
-
-
-@given(lists=st.lists(st.lists(JSON, min_size=1, max_size=3), max_size=6))
-def test_the_tool_header_memo_renders_every_list_as_the_uncached_render(
-    lists: list[list[object]],
-) -> None:
-    chains = PromptChains(block_tokens=4, max_nodes=10, max_chars=1000)
-    for tools in [*lists, *lists]:
-        assert chains.tools_text(tools) == tools_text(tools)
-
-
-def test_values_equal_in_python_but_not_in_json_get_their_own_header() -> None:
-    chains = PromptChains(block_tokens=4, max_nodes=10, max_chars=1000)
-    variants: list[list[object]] = [[{"a": 1}], [{"a": 1.0}], [{"a": True}], [{"b": 0, "a": 1}]]
-    variants.append([{"a": 1, "b": 0}])
-    for tools in [*variants, *variants]:
-        assert chains.tools_text(tools) == tools_text(tools)
-    assert chains.tools_text([]) == chains.tools_text(None) == ""

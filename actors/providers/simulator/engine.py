@@ -55,6 +55,7 @@ from actors.providers.simulator.responses import (
     stream_response,
 )
 from actors.providers.simulator.streaming import Frame, Frames, write_events
+from actors.providers.simulator.tool_lists import ToolLists
 from actors.providers.simulator.validation import Chat, Rejection, parse_chat
 
 __all__ = [
@@ -182,6 +183,7 @@ class SimulatorEngine:
             max_nodes=self.config.prompt_memo_segments,
             max_chars=self.config.prompt_memo_chars,
         )
+        self._tool_lists = ToolLists()
         self._records: deque[RecordedRequest] = deque(maxlen=self.config.max_recorded)
         self._chat_requests = 0
         self._streaming = 0
@@ -315,7 +317,7 @@ class SimulatorEngine:
         except ValueError as exc:
             return error_response(400, f"Failed to deserialize the JSON body: {exc}")
         try:
-            chat = parse_chat(record.body, self.config)
+            chat = parse_chat(record.body, self.config, tool_lists=self._tool_lists)
             fault = self.faults.take(
                 record.number, request.headers.get(FAULT_HEADER), model=chat.model
             )
@@ -340,6 +342,7 @@ class SimulatorEngine:
             script=self.config.script,
             cache=self._cache,
             chains=self._chains,
+            tool_lists=self._tool_lists,
             reply_tokens=self.config.reply_tokens,
         )
         record.usage = types.MappingProxyType(answer.usage)

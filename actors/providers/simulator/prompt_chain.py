@@ -22,19 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import marshal
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
 
 import attrs
 
 from actors.providers.simulator.cache import block_digest, key_digest
-from actors.providers.simulator.tokens import tokenize, tools_text
-
-TOOL_HEADERS_KEPT = 64
-"""How many distinct tool lists `PromptChains.tools_text` keeps the rendered header of."""
+from actors.providers.simulator.tokens import tokenize
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -91,7 +86,6 @@ class PromptChains:
         self._nodes: OrderedDict[tuple[int, str], ChainNode] = OrderedDict()
         self._chars = 0
         self._ids = itertools.count(1)
-        self._headers: OrderedDict[bytes, str] = OrderedDict()
 
     def __len__(self) -> int:
         """The nodes kept now."""
@@ -101,30 +95,6 @@ class PromptChains:
     def chars(self) -> int:
         """The characters of segment text (and cache keys) kept now."""
         return self._chars
-
-    def tools_text(self, tools: list[Any] | None) -> str:
-        """`tokens.tools_text(tools)` for parsed-JSON `tools`, rendered once per distinct list.
-
-        Keyed by the list's `marshal` form, which is exact: it keeps every
-        type (`1`, `1.0` and `true` differ), key order and string, so equal
-        keys are lists that render to the same text. The same text object
-        is returned each time, so the chain's lookup of it is cheap. A list
-        `marshal` refuses is rendered without the memo.
-        """
-        if not tools:
-            return ""
-        try:
-            key = marshal.dumps(tools)
-        except ValueError:
-            return tools_text(tools)
-        text = self._headers.get(key)
-        if text is not None:
-            self._headers.move_to_end(key)
-            return text
-        text = self._headers[key] = tools_text(tools)
-        if len(self._headers) > TOOL_HEADERS_KEPT:
-            self._headers.popitem(last=False)
-        return text
 
     def walk(self, key: str, texts: Iterable[str]) -> tuple[ChainNode, list[bytes]]:
         """The node after the segments `texts` under cache key `key`, and every block digest.
