@@ -21,11 +21,16 @@ p50/p99 delivery latency (supervisor clock minus the event's `time`, i.e.
 from append, which is before commit: an upper bound on commit-to-delivery).
 
     .venv/bin/python benchmarks/gateway.py --sessions 1000 --supervisors 10
+
+Supervisors subscribe with `batch: true` (consecutive events in one
+`_harness/log/events` notification); `--no-batch` measures plain
+subscriptions (one `_harness/log/event` frame per event).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -55,7 +60,7 @@ RESULTS = Path(__file__).with_name("results")
 # -- the supervisors' process --------------------------------------------------------
 
 
-async def _client_main(url: str, connections: int) -> None:
+async def _client_main(url: str, connections: int, batch: bool) -> None:
     host, port = url.removeprefix("ws://").removesuffix("/acp").split(":")
     session_ids: list[str] = json.loads(sys.stdin.readline())
     stdin = trio.lowlevel.FdStream(0)
@@ -85,7 +90,7 @@ async def _client_main(url: str, connections: int) -> None:
                             "jsonrpc": "2.0",
                             "id": index + 1,
                             "method": "_harness/log/subscribe",
-                            "params": {"sessionId": sid},
+                            "params": {"sessionId": sid, "batch": batch},
                         }
                     )
                 )
@@ -96,12 +101,18 @@ async def _client_main(url: str, connections: int) -> None:
             ready.set()
             while True:
                 message = json.loads(await ws.get_message())
-                if message.get("method") == "_harness/log/event":
-                    now = time.time_ns() // 1_000_000
-                    latencies.append(now - message["params"]["event"]["time"])
-                    received += 1
-                    changed.set()
-                    changed = trio.Event()
+                method = message.get("method")
+                if method == "_harness/log/event":
+                    events = [message["params"]["event"]]
+                elif method == "_harness/log/events":
+                    events = message["params"]["events"]
+                else:
+                    continue
+                now = time.time_ns() // 1_000_000
+                latencies.extend(now - event["time"] for event in events)
+                received += len(events)
+                changed.set()
+                changed = trio.Event()
 
     async def commands() -> None:
         buffer = b""
@@ -159,6 +170,34 @@ async def _run_turns(agents: list[Agent], turns: int) -> tuple[float, float, int
     return time.process_time() - cpu, time.perf_counter() - wall, steps
 
 
+class _GcTime:
+    """Process CPU seconds spent in the garbage collector so far (via `gc.callbacks`)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.process_time()
+        else:
+            self.total += time.process_time() - self._start
+
+
+GC = _GcTime()
+
+
+def _settle_gc() -> None:
+    """Collect, then freeze what survived, so every phase starts from the same collector state.
+
+    Without it, whether one of the full collections (hundreds of ms over
+    1,000 sessions' logs) lands inside a phase decides that phase's figure.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def _system_time() -> float:
     """Kernel CPU seconds of this process so far."""
     return os.times().system
@@ -200,12 +239,15 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(args.sessions)
         ]
         await _run_turns(agents, 1)  # warm-up
-        alone_sys = _system_time()
+        _settle_gc()
+        alone_sys, alone_gc = _system_time(), GC.total
         alone_cpu, alone_wall, alone_steps = await _run_turns(agents, args.turns)
-        alone_sys = _system_time() - alone_sys
-        paced_alone_cpu = time.process_time()
+        alone_sys, alone_gc = _system_time() - alone_sys, GC.total - alone_gc
+        _settle_gc()
+        paced_alone_cpu, paced_alone_gc = time.process_time(), GC.total
         paced_alone_steps = await _paced(agents, args.paced_turns, args.rate)
         paced_alone_cpu = time.process_time() - paced_alone_cpu
+        paced_alone_gc = GC.total - paced_alone_gc
 
         process = await trio.lowlevel.open_process(
             [
@@ -215,6 +257,7 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
                 gateway.url,
                 "--supervisors",
                 str(args.supervisors),
+                "--batch" if args.batch else "--no-batch",
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -225,8 +268,10 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         await process.stdin.send_all((json.dumps(ids) + "\n").encode())
         await lines.next()  # ready
         start_events = sum(len(agent.session) for agent in agents)
+        _settle_gc()
+        burst_rounds, burst_events = gateway.fanout.rounds, gateway.fanout.events
         cpu_before_attach = time.process_time()
-        sys_before_attach = _system_time()
+        sys_before_attach, gc_before_attach = _system_time(), GC.total
         _, att_wall, att_steps = await _run_turns(agents, args.turns)
         appended = sum(len(agent.session) for agent in agents) - start_events
         expected = appended * args.supervisors
@@ -236,13 +281,18 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         attached_report = await lines.next()
         delivered_cpu = time.process_time() - cpu_before_attach
         delivered_sys = _system_time() - sys_before_attach
+        delivered_gc = GC.total - gc_before_attach
+        burst_rounds = gateway.fanout.rounds - burst_rounds
+        burst_events = gateway.fanout.events - burst_events
         burst_catch_ups = sum(c.statistics().catch_ups for c in gateway.connections)
         delivered_wall = att_wall  # turns and delivery overlap; delivery ends at the report
 
         await process.stdin.send_all(b'{"cmd": "reset"}\n')
         await lines.next()
         paced_start = sum(len(agent.session) for agent in agents)
-        paced_cpu = time.process_time()
+        _settle_gc()
+        paced_rounds, paced_events_out = gateway.fanout.rounds, gateway.fanout.events
+        paced_cpu, paced_gc = time.process_time(), GC.total
         paced_steps = await _paced(agents, args.paced_turns, args.rate)
         paced_events = sum(len(agent.session) for agent in agents) - paced_start
         until = attached_report["received"] + paced_events * args.supervisors
@@ -251,6 +301,9 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         )
         paced_report = await lines.next()
         paced_cpu = time.process_time() - paced_cpu
+        paced_gc = GC.total - paced_gc
+        paced_rounds = gateway.fanout.rounds - paced_rounds
+        paced_events_out = gateway.fanout.events - paced_events_out
         await process.stdin.send_all(b'{"cmd": "quit"}\n')
         await process.wait()
         stats = gateway.statistics()
@@ -264,6 +317,7 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "sessions": args.sessions,
         "supervisors": args.supervisors,
+        "batch": args.batch,
         "turns": args.turns,
         "steps": att_steps,
         "alone_cpu_ms_per_step": 1000 * alone_per_step,
@@ -273,6 +327,10 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         "events_per_s": expected / max(delivered_wall, 1e-9),
         "gateway_cpu_us_per_event": 1e6 * gateway_cpu / expected,
         "gateway_system_us_per_event": 1e6 * gateway_sys / expected,
+        "alone_gc_ms_per_step": 1000 * alone_gc / alone_steps,
+        "attached_gc_ms_per_step": 1000 * delivered_gc / att_steps,
+        "paced_alone_gc_ms_per_step": 1000 * paced_alone_gc / paced_alone_steps,
+        "paced_attached_gc_ms_per_step": 1000 * paced_gc / paced_steps,
         "paced_alone_cpu_ms_per_step": 1000 * paced_alone_per_step,
         "paced_attached_cpu_ms_per_step": 1000 * paced_attached_per_step,
         "paced_increase_pct": 100 * (paced_attached_per_step / paced_alone_per_step - 1),
@@ -281,6 +339,8 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         "paced_rate_turns_per_s": args.rate,
         "paced_p50_ms": paced_report["p50"],
         "paced_p99_ms": paced_report["p99"],
+        "burst_events_per_feed_batch": burst_events / max(burst_rounds, 1),
+        "paced_events_per_feed_batch": paced_events_out / max(paced_rounds, 1),
         "slow_consumer_closes": stats.slow_consumer_closes,
         "burst_catch_ups": burst_catch_ups,
         "alone_wall_s": alone_wall,
@@ -312,18 +372,30 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--paced-turns", type=int, default=300)
     parser.add_argument("--rate", type=float, default=50.0, help="paced turns per second")
+    parser.add_argument(
+        "--batch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="supervisors subscribe with batch: true (_harness/log/events); --no-batch: one "
+        "_harness/log/event per event",
+    )
     parser.add_argument("--client", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client is not None:
-        trio.run(_client_main, args.client, args.supervisors)
+        trio.run(_client_main, args.client, args.supervisors, args.batch)
         return
     result = trio.run(_server, args)
     rows = [
         ("sessions x supervisors", f"{result['sessions']} x {result['supervisors']}"),
+        ("subscriptions", "batched" if result["batch"] else "one frame per event"),
         ("agent steps per phase", f"{result['steps']}"),
         ("server CPU per step alone", f"{result['alone_cpu_ms_per_step']:.3f} ms"),
         ("server CPU per step attached", f"{result['attached_cpu_ms_per_step']:.3f} ms"),
         ("increase", f"{result['increase_pct']:.1f} %"),
+        (
+            "of it GC per step alone/attached",
+            f"{result['alone_gc_ms_per_step']:.3f}/{result['attached_gc_ms_per_step']:.3f} ms",
+        ),
         ("events delivered", f"{result['events_delivered']}"),
         ("events/s delivered", f"{result['events_per_s']:.0f}"),
         (
@@ -338,12 +410,22 @@ def main() -> None:
             f"({result['paced_increase_pct']:+.1f} %)",
         ),
         (
+            "paced: of it GC per step alone/attached",
+            f"{result['paced_alone_gc_ms_per_step']:.3f}/"
+            f"{result['paced_attached_gc_ms_per_step']:.3f} ms",
+        ),
+        (
             "delivery p50/p99, saturated",
             f"{result['saturated_p50_ms']}/{result['saturated_p99_ms']} ms",
         ),
         (
             f"delivery p50/p99, paced {result['paced_rate_turns_per_s']:.0f} turns/s",
             f"{result['paced_p50_ms']}/{result['paced_p99_ms']} ms",
+        ),
+        (
+            "events per fan-out batch, burst/paced",
+            f"{result['burst_events_per_feed_batch']:.1f}/"
+            f"{result['paced_events_per_feed_batch']:.1f}",
         ),
         ("slow-consumer closes", f"{result['slow_consumer_closes']}"),
         ("subscriptions that fell behind (burst)", f"{result['burst_catch_ups']}"),
@@ -352,7 +434,7 @@ def main() -> None:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "gateway.json"
+    out = RESULTS / ("gateway.json" if result["batch"] else "gateway-unbatched.json")
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
 

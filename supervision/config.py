@@ -180,6 +180,10 @@ class ClusterConfig:
 
     nodes: ClusterNodes
     token_env: str = DEFAULT_CLUSTER_TOKEN_ENV
+    node_ping_interval: float = 1.0
+    """Seconds between a gateway's keep-alive pings on each node stream."""
+    node_ping_timeout: float = 5.0
+    """Seconds a node may take to answer a ping before the gateway drops its stream."""
 
 
 @attrs.frozen(kw_only=True)
@@ -502,6 +506,13 @@ def _check_references(config: DeploymentConfig) -> list[str]:
                 "cluster.token_env (in [cluster]) must be an environment variable name, "
                 f"got {config.cluster.token_env!r}"
             )
+        for key in ("node_ping_interval", "node_ping_timeout"):
+            seconds = getattr(config.cluster, key)
+            if not 0 < seconds < float("inf"):
+                problems.append(
+                    f"cluster.{key} (in [cluster]) must be a positive number of seconds, "
+                    f"got {seconds}"
+                )
     for name, provider in config.providers.items():
         where = f"[providers.{name}]"
         if provider.kind == "openai-compatible" and provider.base_url is None:

@@ -132,6 +132,7 @@ class AgentLoop:
     """None while hibernated (rebuilt from the log by the next step's catch-up)."""
     _config: dict[str, Any] = attrs.field(factory=dict, init=False)
     _last_header: RequestHeader | None = attrs.field(default=None, init=False)
+    _built_header: RequestHeader | None = attrs.field(default=None, init=False)
     _header_logged: bool = attrs.field(default=False, init=False)
     _turns: int = attrs.field(default=0, init=False)
     _steps: int = attrs.field(default=0, init=False)
@@ -173,7 +174,8 @@ class AgentLoop:
 
     async def _append_shielded(self, *items: EventData, flush: bool = False) -> None:
         """Write closing events even while the turn is being cancelled (durably if `flush`)."""
-        with trio.CancelScope(shield=True), trio.move_on_after(WRITE_GRACE_SECONDS):
+        # One scope: shielded from the turn's cancellation, bounded by its own deadline.
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + WRITE_GRACE_SECONDS):
             await self.session.extend(items)
             if flush:
                 await self.session.flush()
@@ -340,21 +342,33 @@ class AgentLoop:
             await self._append_shielded(StepEnd(turn=turn, step=step))
 
     def request_header(self, system: str, assembly: PromptAssembly) -> RequestHeader:
-        """The canonical header a step with this system text and assembly sends."""
-        return canonical_header(
-            RequestHeader(config=self._config, system=system, tools=assembly.tools)
-        )
+        """The canonical header a step with this system text and assembly sends.
+
+        The last one built is reused (the same object) while the system text
+        and the tools are equal: the config is fixed for the loop.
+        """
+        tools = tuple(assembly.tools)
+        built = self._built_header
+        if built is not None and built.system == (system or None) and built.tools == tools:
+            return built
+        header = canonical_header(RequestHeader(config=self._config, system=system, tools=tools))
+        self._built_header = header
+        return header
 
     def would_log_header(self, header: RequestHeader) -> bool:
         """True when the next attempt sending `header` logs a `request/header` first."""
-        return not self._header_logged or not header_equals(self._last_header, header)
+        return not self._header_logged or not self._same_header(header)
+
+    def _same_header(self, header: RequestHeader) -> bool:
+        last = self._last_header
+        return header is last or header_equals(last, header)
 
     async def _log_header(self, header: RequestHeader) -> None:
         if not self._header_logged:
             reason: Literal["initial", "resume", "change"] = (
                 "resume" if self._resumed else "initial"
             )
-        elif not header_equals(self._last_header, header):
+        elif not self._same_header(header):
             reason = "change"
         else:
             return

@@ -55,6 +55,7 @@ from actors.providers.chunks import Chunk, Failure, FinishChunk
 from actors.providers.failures import error_finish, error_message, transport_failure
 from actors.providers.failures import failure_for_status as failure_for_status
 from actors.providers.failures import parse_retry_after as parse_retry_after
+from actors.providers.http_client import ProviderClient
 from actors.providers.openai_stream import StreamParser
 from actors.providers.openai_stream import parse_usage as parse_usage
 from actors.providers.openai_wire import R1_PROFILE as R1_PROFILE
@@ -132,6 +133,14 @@ class OpenAICompatProvider:
     write and pool timeouts still apply), so a client built with a shorter
     read timeout can never cut a stream the adapter would let live.
 
+    Given a `ProviderClient` (what `open_http_client`, and so the provider
+    actor, builds), the adapter hands each request straight to the client's
+    transport: the same body, headers (the client's defaults included, but
+    `Accept-Encoding: identity`, so the body is read as it arrives) and
+    timeouts, the same failures, without httpx's client layers (auth,
+    redirects, cookies, event hooks), which a `ProviderClient` does not
+    use. Any other `httpx.AsyncClient` is used through its `send`, as is.
+
     Args:
         client: The HTTP client requests go through.
         base_url: The API root; requests go to `{base_url}/chat/completions`.
@@ -188,6 +197,17 @@ class OpenAICompatProvider:
             write=client_timeout.write,
             pool=client_timeout.pool,
         )
+        self._transport: httpx.AsyncBaseTransport | None = None
+        self._direct_headers: list[tuple[bytes, bytes]] = []
+        self._direct_extensions: dict[str, object] = {}
+        if isinstance(client, ProviderClient):
+            self._transport = client.transport
+            merged = httpx.Headers(client.headers)
+            merged.update(self._headers)
+            merged["accept-encoding"] = "identity"
+            merged["host"] = url.netloc.decode("ascii")
+            self._direct_headers = list(merged.raw)
+            self._direct_extensions = {"timeout": self._request_timeout.as_dict()}
         self._encoder = RequestEncoder(profiles=profiles, default_profile=default_profile)
         self._retry_after_cap_ms = int(retry_after_cap * 1000)
         self._max_event_bytes = max_event_bytes
@@ -254,15 +274,7 @@ class OpenAICompatProvider:
         body: _Body | None = None
         finish: FinishChunk | None = None
         try:
-            http_request = self._client.build_request(
-                "POST",
-                self._url,
-                content=payload,
-                headers=self._headers,
-                timeout=self._request_timeout,
-            )
-            http_request.stream = _Payload(payload)  # same bytes; Content-Length stays
-            opened = await self._open(http_request, deadline)
+            opened = await self._open(self._http_request(payload), deadline)
             if isinstance(opened, Failure):
                 finish = error_finish(opened)
                 yield (finish,)
@@ -311,11 +323,35 @@ class OpenAICompatProvider:
                 with trio.move_on_after(_CLOSE_GRACE, shield=True):
                     await body.close()
 
+    def _http_request(self, payload: bytes) -> httpx.Request:
+        """The request carrying `payload`, for the client or straight for its transport."""
+        if self._transport is None:
+            http_request = self._client.build_request(
+                "POST",
+                self._url,
+                content=payload,
+                headers=self._headers,
+                timeout=self._request_timeout,
+            )
+            http_request.stream = _Payload(payload)  # same bytes; Content-Length stays
+            return http_request
+        return httpx.Request(
+            "POST",
+            self._url,
+            headers=[*self._direct_headers, (b"content-length", b"%d" % len(payload))],
+            stream=_Payload(payload),
+            extensions=self._direct_extensions,
+        )
+
     async def _open(self, http_request: httpx.Request, deadline: float) -> httpx.Response | Failure:
         limit = min(deadline, trio.current_time() + self._timeouts.connect)
         with trio.move_on_at(limit):
             try:
-                return await self._client.send(http_request, stream=True)
+                if self._transport is None:
+                    return await self._client.send(http_request, stream=True)
+                response = await self._transport.handle_async_request(http_request)
+                response.request = http_request
+                return response
             except httpx.RequestError as exc:
                 return transport_failure(exc, self._url, started=False)
         return self._timed_out(
@@ -467,7 +503,13 @@ class _Body:
             httpx.RequestError: the connection failed.
         """
         if self._chunks is None:
-            self._chunks = self.response.aiter_bytes()
+            stream = self.response.stream
+            encoding = self.response.headers.get("content-encoding", "identity")
+            if isinstance(stream, httpx.AsyncByteStream) and encoding in ("identity", ""):
+                # The transport's chunks as they come, without httpx's re-chunking layers.
+                self._chunks = aiter(stream)
+            else:
+                self._chunks = self.response.aiter_bytes()  # httpx decodes
         try:
             return await anext(self._chunks)
         except StopAsyncIteration:

@@ -16,13 +16,9 @@ server that never ends a line cannot grow memory without bound.
 
 from __future__ import annotations
 
-import re
-
 import attrs
 
-_LINE_END = re.compile(rb"[\r\n]")
 _BOM = b"\xef\xbb\xbf"
-_CR = 0x0D
 _LF = 0x0A
 
 DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
@@ -59,7 +55,6 @@ class SSEDecoder:
 
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     _buffer: bytearray = attrs.field(factory=bytearray, init=False)
-    _scanned: int = attrs.field(default=0, init=False)
     _after_cr: bool = attrs.field(default=False, init=False)
     _first_line: bool = attrs.field(default=True, init=False)
     _data: list[str] = attrs.field(factory=list, init=False)
@@ -77,9 +72,10 @@ class SSEDecoder:
         Raises:
             SSEError: the pending event grew past `max_event_bytes`.
         """
-        buffer = self._buffer
         if not data:
             return []
+        buffer = self._buffer
+        pending = len(buffer)  # the unfinished line so far: it holds no line end
         buffer += data
         events: list[SSEEvent] = []
         start = 0
@@ -88,22 +84,18 @@ class SSEDecoder:
             self._after_cr = False
             if buffer[0] == _LF:
                 start = 1
-        scan = max(start, self._scanned)
-        while (match := _LINE_END.search(buffer, scan)) is not None:
-            end = match.start()
-            line = bytes(buffer[start:end])
-            if buffer[end] == _CR:
-                if end + 1 < len(buffer):
-                    start = end + 2 if buffer[end + 1] == _LF else end + 1
-                else:
-                    start = end + 1
-                    self._after_cr = True
-            else:
-                start = end + 1
-            scan = start
-            self._line(line, events)
-        del buffer[:start]
-        self._scanned = len(buffer)
+        # Every complete line ends at or before the last line end of the new bytes.
+        last = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        if last >= 0 and pending + last >= start:
+            end = pending + last + 1
+            complete = bytes(buffer[start:end])
+            del buffer[:end]
+            self._after_cr = complete.endswith(b"\r")
+            # bytes.splitlines splits at exactly CRLF, LF and CR, the event-stream line ends.
+            for line in complete.splitlines():
+                self._line(line, events)
+        elif start:
+            del buffer[:start]
         if len(buffer) + self._data_bytes > self.max_event_bytes:
             raise SSEError(
                 f"an event stream line or event exceeds {self.max_event_bytes} bytes "
@@ -118,24 +110,32 @@ class SSEDecoder:
         if not raw:
             self._dispatch(events)
             return
+        if raw.startswith(b"data:"):
+            # The common line, split as bytes: ":" and " " never occur inside a UTF-8 sequence.
+            value = raw[6:] if raw.startswith(b"data: ") else raw[5:]
+            self._add_data(value.decode("utf-8", errors="replace"), len(raw))
+            return
         line = raw.decode("utf-8", errors="replace")
         if line.startswith(":"):
             return
-        field, colon, value = line.partition(":")
-        if colon and value.startswith(" "):
-            value = value[1:]
-        if field == "data":
-            self._data.append(value)
-            self._data_bytes += len(raw)
-            if self._data_bytes > self.max_event_bytes:
-                raise SSEError(
-                    f"an event's data exceeds {self.max_event_bytes} bytes "
-                    f"({len(self._data)} data lines so far)"
-                )
+        field, colon, text = line.partition(":")
+        if colon and text.startswith(" "):
+            text = text[1:]
+        if field == "data":  # a bare "data" line: an empty data value
+            self._add_data(text, len(raw))
         elif field == "event":
-            self._event_type = value
-        elif field == "id" and "\0" not in value:
-            self._last_id = value
+            self._event_type = text
+        elif field == "id" and "\0" not in text:
+            self._last_id = text
+
+    def _add_data(self, value: str, size: int) -> None:
+        self._data.append(value)
+        self._data_bytes += size
+        if self._data_bytes > self.max_event_bytes:
+            raise SSEError(
+                f"an event's data exceeds {self.max_event_bytes} bytes "
+                f"({len(self._data)} data lines so far)"
+            )
 
     def _dispatch(self, events: list[SSEEvent]) -> None:
         if self._data:

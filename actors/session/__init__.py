@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from actors.session.codec import event_from_json as event_from_json
 from actors.session.codec import event_to_json as event_to_json
+from actors.session.durability import DurableChanges as DurableChanges
 from actors.session.errors import ReplacementError as ReplacementError
 from actors.session.errors import SessionError as SessionError
 from actors.session.errors import SessionHibernatingError as SessionHibernatingError

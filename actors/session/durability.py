@@ -5,6 +5,11 @@ to write (`fail`); readers ask `seq()` without blocking, or wait with
 `wait()`. Waking is one `trio.Event` per session, created only while a task
 waits and replaced on each advance, so a store that nobody watches pays one
 dict update per commit and never blocks on its readers.
+
+A reader of many sessions (the gateway's fan-out) opens one
+`DurableChanges` instead (`changes()`): every advance and failure of any
+session adds that session to its set, and one wakeup covers all the
+sessions that advanced since it last looked, however many commits that was.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ class DurableMarks:
     _seqs: dict[str, int] = attrs.field(factory=dict, init=False)
     _wakeups: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
     _failures: dict[str, SessionError] = attrs.field(factory=dict, init=False)
+    _listeners: list[DurableChanges] = attrs.field(factory=list, init=False)
 
     def seq(self, session_id: str) -> int:
         """The newest durable seq of `session_id`; -1 when none is known."""
@@ -36,6 +42,8 @@ class DurableMarks:
             return
         self._seqs[session_id] = seq
         self._wake(session_id)
+        for listener in self._listeners:
+            listener.note(session_id)
 
     def fail(self, session_id: str, error: SessionError) -> None:
         """Record that an accepted append of `session_id` will never be durable.
@@ -44,6 +52,18 @@ class DurableMarks:
         """
         self._failures[session_id] = error
         self._wake(session_id)
+        for listener in self._listeners:
+            listener.note(session_id)
+
+    def failure(self, session_id: str) -> SessionError | None:
+        """The recorded failure of `session_id` (its later seqs will not become durable), if any."""
+        return self._failures.get(session_id)
+
+    def changes(self) -> DurableChanges:
+        """A new listener of every session's advances and failures; `close()` it when done."""
+        listener = DurableChanges(marks=self)
+        self._listeners.append(listener)
+        return listener
 
     def recover(self, session_id: str) -> None:
         """Forget a recorded failure of `session_id` (its writer took a new lease)."""
@@ -74,3 +94,56 @@ class DurableMarks:
         wakeup = self._wakeups.pop(session_id, None)
         if wakeup is not None:
             wakeup.set()
+
+
+@attrs.define(eq=False)
+class DurableChanges:
+    """The sessions whose durable mark advanced (or whose appends failed) since the last `take`.
+
+    Opened with `DurableMarks.changes()` (or a store's `durable_changes()`).
+    Advances are never lost between a `take` and the next `wait`: they
+    accumulate in the set. A session may be reported although its mark did
+    not move past what the reader already has (a failure, a load), so a
+    reader compares `seq()` with its own position.
+    """
+
+    marks: DurableMarks
+    _changed: set[str] = attrs.field(factory=set, init=False)
+    _wakeup: trio.Event | None = attrs.field(default=None, init=False)
+
+    def note(self, session_id: str) -> None:
+        """Report `session_id` as changed (the marks do this; a reader may too, to re-check it)."""
+        self._changed.add(session_id)
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            wakeup.set()
+
+    def take(self) -> set[str]:
+        """The sessions reported since the last `take`, removed."""
+        changed, self._changed = self._changed, set()
+        return changed
+
+    async def wait(self) -> None:
+        """Return once a session was reported (without taking it).
+
+        Cancellation: cancellable; nothing is affected.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self._changed:
+            if self._wakeup is None:
+                self._wakeup = trio.Event()
+            await self._wakeup.wait()
+
+    def seq(self, session_id: str) -> int:
+        """The newest durable seq of `session_id`; -1 when none is known."""
+        return self.marks.seq(session_id)
+
+    def failure(self, session_id: str) -> SessionError | None:
+        """The store's recorded failure of `session_id`, if any."""
+        return self.marks.failure(session_id)
+
+    def close(self) -> None:
+        """Stop listening (idempotent)."""
+        if self in self.marks._listeners:
+            self.marks._listeners.remove(self)

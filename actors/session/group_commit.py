@@ -35,7 +35,7 @@ import trio
 from actors.latency import LatencySummary, LatencyWindow
 from actors.session.checksum import event_checksum
 from actors.session.codec import event_to_json
-from actors.session.durability import DurableMarks
+from actors.session.durability import DurableChanges, DurableMarks
 from actors.session.errors import SessionError
 from actors.session.events import Event
 from actors.session.lease import Lease, SessionBusyError, SessionFencedError, describe_holder
@@ -387,6 +387,10 @@ class GroupCommitter:
             SessionError: an accepted append of the session failed to commit.
         """
         await self._marks.wait(session_id, seq)
+
+    def durable_changes(self) -> DurableChanges:
+        """A listener of every session's commits and failed commits (`DurableMarks.changes`)."""
+        return self._marks.changes()
 
     def session_created(self, session_id: str) -> None:
         """Record that the store created `session_id` empty: its next seq is 0."""

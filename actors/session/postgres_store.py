@@ -55,6 +55,7 @@ from psycopg.rows import TupleRow
 
 from actors.session.checksum import event_checksum
 from actors.session.codec import event_from_json
+from actors.session.durability import DurableChanges
 from actors.session.errors import SessionError
 from actors.session.events import Event
 from actors.session.group_commit import (
@@ -389,6 +390,10 @@ class PostgresStore:
     async def wait_durable(self, session_id: str, seq: int) -> None:
         """Return once the writer committed `seq` of `session_id` (as `GroupCommitter`'s)."""
         await self._writer.wait_durable(session_id, seq)
+
+    def durable_changes(self) -> DurableChanges:
+        """A listener of every session's commits (as `GroupCommitter`'s)."""
+        return self._writer.durable_changes()
 
     def statistics(self) -> PostgresStoreStatistics:
         """The writer's queue, lease and commit counters, now."""

@@ -43,6 +43,7 @@ import trio
 
 from actors.session.checksum import event_checksum
 from actors.session.codec import event_from_json
+from actors.session.durability import DurableChanges
 from actors.session.errors import SessionError
 from actors.session.events import Event
 from actors.session.group_commit import (
@@ -295,6 +296,10 @@ class SQLiteStore:
     async def wait_durable(self, session_id: str, seq: int) -> None:
         """Return once the writer committed `seq` of `session_id` (as `GroupCommitter`'s)."""
         await self._writer.wait_durable(session_id, seq)
+
+    def durable_changes(self) -> DurableChanges:
+        """A listener of every session's commits (as `GroupCommitter`'s)."""
+        return self._writer.durable_changes()
 
     def statistics(self) -> SQLiteStoreStatistics:
         """The writer's queue, lease and commit counters, now."""

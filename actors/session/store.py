@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from actors.session.codec import event_from_json, event_to_shared_json
-from actors.session.durability import DurableMarks
+from actors.session.durability import DurableChanges, DurableMarks
 from actors.session.errors import SessionError
 from actors.session.events import Event
 from actors.session.lease import (
@@ -117,6 +117,14 @@ class SessionStore(Protocol):
         Raises:
             SessionError: an accepted append of the session failed, so `seq`
                 will never become durable.
+        """
+        ...
+
+    def durable_changes(self) -> DurableChanges:
+        """A listener of every session's durability: one wakeup for all that advanced.
+
+        Each commit (or failed commit) reports its sessions to every open
+        listener; `close()` the listener when done. Never blocks the store.
         """
         ...
 
@@ -241,6 +249,10 @@ class MemoryStore:
     async def wait_durable(self, session_id: str, seq: int) -> None:
         """Return once `seq` of `session_id` is stored. Cancellable."""
         await self._marks.wait(session_id, seq)
+
+    def durable_changes(self) -> DurableChanges:
+        """A listener of every session's appends (each one is durable at once here)."""
+        return self._marks.changes()
 
     def _log(self, session_id: str) -> list[dict[str, Any]]:
         try:

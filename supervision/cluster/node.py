@@ -48,6 +48,10 @@ CLIENT_QUEUE = 256
 MAX_NODE_FRAME = 16 * 1024 * 1024
 """The largest node-stream envelope (it may carry a batch of a client's frames)."""
 
+ENVELOPE_BYTES = 1024 * 1024
+"""The frame bytes one envelope to a gateway carries at most (unless one frame is larger):
+a longer batch (a log replay) goes in several, so no envelope nears a gateway's 16 MiB limit."""
+
 
 class NodeError(SupervisionError):
     """A node cannot start: the message names the setting or the address."""
@@ -138,9 +142,20 @@ class _ClientTransport:
         return MESSAGE_FRAMING
 
     async def send_batch(self, frames: list[bytes]) -> None:
-        if self.ended:
-            return  # the gateway ended this client; it drops what comes for it
-        await self.stream.send(to_gateway(self.key, [frame.decode() for frame in frames]))
+        group: list[str] = []
+        size = 0
+        for frame in frames:
+            if group and size + len(frame) > ENVELOPE_BYTES:
+                await self._send_group(group)
+                group, size = [], 0
+            group.append(frame.decode())
+            size += len(frame)
+        if group:
+            await self._send_group(group)
+
+    async def _send_group(self, texts: list[str]) -> None:
+        if not self.ended:  # else the gateway ended this client; it drops what comes for it
+            await self.stream.send(to_gateway(self.key, texts))
 
     async def close(self, code: int, reason: str) -> None:
         await self.end(code, reason)

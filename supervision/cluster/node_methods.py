@@ -10,30 +10,33 @@ gateway, with three changes for the cluster:
   once the old lease expired.
 - **`session/new` with a given id** (`_meta.harness.sessionId`), so the
   gateway can place a session before it exists.
-- **Exactly-once prompts.** `session/prompt` carries `_meta.harness.requestId`;
-  the user message is logged with it (`source.request_id`). A prompt whose
-  request id is already in the log is not queued again: its turn is
+- **Exactly-once prompts and sends.** `session/prompt` and
+  `_harness/session/send` carry `_meta.harness.requestId`; the user message
+  is logged with it (`source.request_id`). A prompt whose request id is
+  already in the log (or queued here) is not queued again: its turn is
   followed (still running) or replayed (ended) and answered from the log.
   Only an attempt the previous owner's death cut off (its turn ended
-  `interrupted`) is run again, as a new turn with the same request id.
+  `interrupted`) is run again, as a new turn with the same request id. A
+  send whose request id is logged or queued is answered accepted and not
+  queued again. The lookup is `supervision.cluster.request_index`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import attrs
 
 from actors.messages import Message, TextBlock, UserSource
-from actors.session import Event, SessionBusyError, UnknownSessionError
-from actors.session.events import StepStart, TurnEnd, TurnStart, UserMessage
+from actors.session import SessionBusyError, UnknownSessionError
 from actors.session.lease import default_owner
+from supervision.cluster.request_index import request_index
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
 from supervision.gateway.acp_methods import require_session, user_message
 from supervision.gateway.connection import DEFERRED, Call
 from supervision.gateway.cursors import PromptCursor
-from supervision.gateway.messages import NewSessionParams, PromptParams
+from supervision.gateway.messages import NewSessionParams, PromptParams, SendParams
 from supervision.gateway.methods import METHODS, Method
 from supervision.gateway.protocol import (
     INTERNAL_ERROR,
@@ -153,6 +156,22 @@ def _harness_meta(meta: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return harness if isinstance(harness, Mapping) else {}
 
 
+def _request_id(meta: Mapping[str, Any] | None) -> str | None:
+    """`_meta.harness.requestId`, or None when absent.
+
+    Raises:
+        RpcError: -32602 when it is present but not a non-empty string.
+    """
+    request_id = _harness_meta(meta).get("requestId")
+    if request_id is None:
+        return None
+    if not isinstance(request_id, str) or not request_id:
+        raise invalid_params(
+            "/_meta/harness/requestId", "invalid", "requestId must be a non-empty string"
+        )
+    return request_id
+
+
 async def new_session(params: NewSessionParams, call: Call) -> dict[str, Any]:
     """`session/new`, starting the session under `_meta.harness.sessionId` when given."""
     harness = _harness_meta(params.meta)
@@ -192,55 +211,11 @@ async def new_session(params: NewSessionParams, call: Call) -> dict[str, Any]:
     return {"sessionId": agent.session.id}
 
 
-@attrs.frozen(kw_only=True)
-class LoggedPrompt:
-    """Where a request id's latest attempt is in a session log.
-
-    Attributes:
-        turn: the turn that took it.
-        start_seq: the seq of that turn's `turn/start`.
-        end: its `turn/end`, None while it runs.
-    """
-
-    turn: int
-    start_seq: int
-    end: TurnEnd | None
-
-
-def find_request(events: Sequence[Event], request_id: str) -> LoggedPrompt | None:
-    """The latest turn whose user message carries `request_id`, or None if none does."""
-    found: LoggedPrompt | None = None
-    turn_start: dict[int, int] = {}
-    current: int | None = None
-    for event in events:
-        data = event.data
-        if isinstance(data, TurnStart):
-            turn_start[data.turn] = event.seq
-            current = data.turn
-        elif isinstance(data, StepStart):
-            current = data.turn
-        elif (
-            isinstance(data, UserMessage)
-            and isinstance(data.source, UserSource)
-            and data.source.request_id == request_id
-            and current is not None
-        ):
-            found = LoggedPrompt(turn=current, start_seq=turn_start.get(current, 0), end=None)
-        elif isinstance(data, TurnEnd) and found is not None and data.turn == found.turn:
-            found = attrs.evolve(found, end=data)
-    return found
-
-
 async def prompt(params: PromptParams, call: Call) -> Any:
     """`session/prompt` with exactly-once delivery per `_meta.harness.requestId`."""
-    harness = _harness_meta(params.meta)
-    request_id = harness.get("requestId")
+    request_id = _request_id(params.meta)
     if request_id is None:
         return await METHODS["session/prompt"].handler(params, call)
-    if not isinstance(request_id, str) or not request_id:
-        raise invalid_params(
-            "/_meta/harness/requestId", "invalid", "requestId must be a non-empty string"
-        )
     session_id = params.session_id
     await require_session(call, session_id)
     typed = user_message(params.prompt, "prompt")
@@ -256,8 +231,21 @@ async def prompt(params: PromptParams, call: Call) -> Any:
     agent = call.gateway.directory.live_agent(session_id)
     if agent is None:
         raise RpcError(INTERNAL_ERROR, f"session {session_id!r} stopped before the prompt")
-    logged = find_request(agent.session.durable_events(0), request_id)
-    rerun = logged is None or (logged.end is not None and logged.end.reason.kind == "interrupted")
+    index = request_index(agent.session)
+    logged = index.find(request_id)
+    queued_at = index.queued_at(request_id) if logged is None else None
+    # Run it unless it is logged or queued here already; an attempt the previous owner's
+    # death cut off (its turn ended `interrupted`) runs again.
+    rerun = (logged is None and queued_at is None) or (
+        logged is not None and logged.end is not None and logged.end.reason.kind == "interrupted"
+    )
+    if rerun:
+        follow_from = len(agent.session)
+    elif logged is not None:
+        follow_from = logged.start_seq
+    else:
+        assert queued_at is not None
+        follow_from = queued_at
     gateway = call.gateway
     rpc_id = call.id
 
@@ -270,7 +258,7 @@ async def prompt(params: PromptParams, call: Call) -> Any:
     cursor = PromptCursor(
         request_id=rpc_id,
         session_id=session_id,
-        next_seq=len(agent.session) if rerun or logged is None else logged.start_seq,
+        next_seq=follow_from,
         texts=tuple(b.text for b in message.content if isinstance(b, TextBlock)),
         claim=lambda turn: gateway.claim_turn(session_id, turn),
         on_done=done,
@@ -279,7 +267,53 @@ async def prompt(params: PromptParams, call: Call) -> Any:
     connection.follow(cursor)
     if rerun:
         agent.followup(message)
+        index.queue(request_id)
     return DEFERRED
+
+
+@attrs.frozen(kw_only=True)
+class NodeSendParams:
+    """`_harness/session/send` as a node takes it: `_meta.harness.requestId` may name it."""
+
+    session_id: str
+    content: list[dict[str, Any]]
+    placement: Literal["next_turn", "next_step", "inject"]
+    meta: dict[str, Any] | None = None
+
+
+async def send(params: NodeSendParams, call: Call) -> dict[str, Any]:
+    """`_harness/session/send`, queued once per `_meta.harness.requestId`.
+
+    A request id already in the log, or queued here and not logged yet, is
+    answered as accepted without queuing the message again.
+    """
+    request_id = _request_id(params.meta)
+    if request_id is None:
+        result: dict[str, Any] = await METHODS["_harness/session/send"].handler(
+            SendParams(
+                session_id=params.session_id, content=params.content, placement=params.placement
+            ),
+            call,
+        )
+        return result
+    await require_session(call, params.session_id)
+    typed = user_message(params.content, "content")
+    message = Message(role="user", content=typed.content, source=UserSource(request_id=request_id))
+    agent = call.gateway.directory.live_agent(params.session_id)
+    if agent is None:
+        raise RpcError(INTERNAL_ERROR, f"session {params.session_id!r} stopped before the send")
+    index = request_index(agent.session)
+    accepted = {"accepted": True, "placement": params.placement}
+    if index.find(request_id) is not None or index.queued_at(request_id) is not None:
+        return accepted
+    if params.placement == "next_turn":
+        agent.followup(message)
+    elif params.placement == "next_step":
+        agent.steer(message)
+    else:
+        agent.inject(message)
+    index.queue(request_id)
+    return accepted
 
 
 async def stats(params: Any, call: Call) -> dict[str, Any]:
@@ -299,6 +333,8 @@ def _node_method(name: str, method: Method) -> Method:
         return attrs.evolve(method, handler=new_session)
     if name == "session/prompt":
         return _hosting(attrs.evolve(method, handler=prompt))
+    if name == "_harness/session/send":
+        return _hosting(attrs.evolve(method, params=NodeSendParams, handler=send))
     if name == "_harness/stats":
         return attrs.evolve(method, handler=stats)
     return _hosting(method)

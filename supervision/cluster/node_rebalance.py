@@ -7,6 +7,16 @@ subscribers here are told `_harness/log/moved` (the gateway resumes them on
 the new owner), and its agent is closed, which flushes the log and releases
 the lease. The new owner takes it over on first touch. Sessions whose owner
 did not change stay where they are.
+
+A session this node starts while its view places it on another node (a
+gateway sent it here because the owner looked down from there, or its
+view is older) is released the same way, at its first idle moment after
+`takeover_grace`; without that, such a session would stay here, and every
+call its owner gets would be answered `MOVED` until the next view change.
+
+An idle agent has no input waiting (queuing a prompt wakes it at once), so
+a prompt still being answered here then only replays a turn already in the
+log: it is not waited for, and finishes from the store after the release.
 """
 
 from __future__ import annotations
@@ -24,6 +34,10 @@ from supervision.gateway.protocol import notification
 from supervision.gateway.sessions import AGENT_CHILD_PREFIX
 
 log = logging.getLogger(__name__)
+
+TAKEOVER_GRACE_SECONDS = 1.0
+"""How long a session started here while owned elsewhere stays before it may be released: the
+call that started it queues its input in that time (queued input keeps the agent busy)."""
 
 
 def hosted_sessions(gateway: Gateway) -> list[str]:
@@ -59,6 +73,7 @@ class Rebalancer:
     gateway: Gateway
     view: MembershipView
     node_id: str
+    takeover_grace: float = TAKEOVER_GRACE_SECONDS
     releases: int = 0
     """Sessions released to another node so far."""
     _releasing: set[str] = attrs.field(factory=set)
@@ -69,26 +84,36 @@ class Rebalancer:
         return self.node_id in nodes and owner(session_id, nodes) != self.node_id
 
     async def run(self) -> None:
-        """Check the hosted sessions at every view change, until cancelled.
+        """Check the hosted sessions at every view change, and each session as it starts
+        here, until cancelled.
 
         Cancellation: stops; sessions being released finish their release or stay.
         """
         version = self.view.version
         async with trio.open_nursery() as nursery:
-            while True:
-                version = await self.view.wait_changed(version)
-                for session_id in hosted_sessions(self.gateway):
-                    if session_id not in self._releasing and self.owned_elsewhere(session_id):
-                        self._releasing.add(session_id)
-                        nursery.start_soon(self._release_when_idle, session_id)
 
-    async def _release_when_idle(self, session_id: str) -> None:
+            def check(session_id: str, grace: float) -> None:
+                if session_id not in self._releasing and self.owned_elsewhere(session_id):
+                    self._releasing.add(session_id)
+                    nursery.start_soon(self._release_when_idle, session_id, grace)
+
+            stop = self.gateway.directory.on_start(lambda sid: check(sid, self.takeover_grace))
+            try:
+                while True:
+                    version = await self.view.wait_changed(version)
+                    for session_id in hosted_sessions(self.gateway):
+                        check(session_id, 0.0)
+            finally:
+                stop()
+
+    async def _release_when_idle(self, session_id: str, grace: float) -> None:
         try:
+            await trio.sleep(grace)
             agent = self.gateway.directory.live_agent(session_id)
             if agent is None:
                 return
             async with agent.session.watch() as events:
-                while agent.status != "idle" or self._prompt_pending(session_id):
+                while agent.status != "idle":
                     async for event in events:
                         if isinstance(event.data, TurnEnd):
                             break
@@ -102,6 +127,3 @@ class Rebalancer:
                 log.info("node %s released session %s to its new owner", self.node_id, session_id)
         finally:
             self._releasing.discard(session_id)
-
-    def _prompt_pending(self, session_id: str) -> bool:
-        return any(session_id in c.prompts for c in self.gateway.connections)

@@ -19,6 +19,15 @@ log subscriptions survive the death of the node serving them: each is
 resumed on the session's next owner from the seq after the last event
 delivered, and only events past that seq are passed on, so the stream the
 supervisor sees has no gap and no duplicate.
+
+Log events are paced by the supervisor's socket as in the single-process
+gateway: they go into the connection's byte-bounded log lane, never its
+control lane. A subscription whose event finds the lane full *falls
+behind*: the event is not passed on, the node's subscription is ended,
+and once the lane has room again the subscription is resumed from the
+seq after the last event passed on (the node replays the rest from the
+store). So a slow supervisor is never closed for its log subscriptions,
+and it loses and repeats nothing.
 """
 
 from __future__ import annotations
@@ -35,10 +44,18 @@ import trio
 
 from supervision.cluster.membership import MembershipView, NodeInfo
 from supervision.cluster.placement import ranked
-from supervision.cluster.router_link import ACK_DEADLINE_SECONDS, ClientEnded, NodeDown, NodeLink
+from supervision.cluster.router_link import (
+    ACK_DEADLINE_SECONDS,
+    PING_INTERVAL_SECONDS,
+    PING_TIMEOUT_SECONDS,
+    ClientEnded,
+    NodeDown,
+    NodeLink,
+)
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
 from supervision.gateway.connection import CLOSE_INTERNAL, Connection
-from supervision.gateway.protocol import INTERNAL_ERROR, OVERLOADED, RpcError
+from supervision.gateway.outbox import OutboxClosed
+from supervision.gateway.protocol import INTERNAL_ERROR, OVERLOADED, RpcError, dumps
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +88,9 @@ class Router:
     each_node_deadline: float = EACH_NODE_DEADLINE_SECONDS
     ack_deadline: float = ACK_DEADLINE_SECONDS
     """Passed to each new `NodeLink` (see there)."""
+    ping_interval: float = PING_INTERVAL_SECONDS
+    ping_timeout: float = PING_TIMEOUT_SECONDS
+    """The node-stream keep-alive of each new `NodeLink` (see there)."""
     links: dict[str, NodeLink] = attrs.field(factory=dict)
     clients: dict[Connection, RouterClient] = attrs.field(factory=dict)
     """The router side of each live client connection."""
@@ -89,7 +109,13 @@ class Router:
             return link
         if link is not None:
             link.close(f"node {node.node_id!r} restarted or its stream dropped")
-        link = NodeLink(node=node, secret=self.secret, ack_deadline=self.ack_deadline)
+        link = NodeLink(
+            node=node,
+            secret=self.secret,
+            ack_deadline=self.ack_deadline,
+            ping_interval=self.ping_interval,
+            ping_timeout=self.ping_timeout,
+        )
         self.links[node.node_id] = link
         self.nursery.start_soon(link.run)
         return link
@@ -260,6 +286,8 @@ class RoutedSubscription:
     node_subscription: str = ""
     caught_up: bool = False
     resuming: bool = False
+    behind: bool = False
+    """The log lane was full for one of its events: resumed once the lane has room."""
 
 
 @attrs.define(eq=False)
@@ -323,18 +351,33 @@ class RouterClient:
     ) -> None:
         params = dict(message.get("params") or {})
         method = message.get("method")
+        seq: Any = None
         if method == "_harness/log/event":
             event = params.get("event")
             seq = event.get("seq") if isinstance(event, Mapping) else None
             if not isinstance(seq, int) or seq <= subscription.last_seq:
                 return  # replayed again after a resume: already passed on
-            subscription.last_seq = seq
-        elif method == "_harness/log/caughtUp":
-            if subscription.caught_up:
-                return
-            subscription.caught_up = True
+        elif subscription.caught_up:  # `_harness/log/caughtUp`, sent once
+            return
+        connection = self.connection
+        if connection.outbox_closed:
+            return
+        if not connection.outbox.log_has_room:
+            # The supervisor reads slower than the node sends: stop the node's
+            # subscription here and resume it from `last_seq + 1` once there is room.
+            subscription.behind = True
+            connection.catch_ups += 1
+            self.resume(subscription)
+            return
         params["subscription"] = subscription.id
-        self.connection.send_notification({"jsonrpc": "2.0", "method": method, "params": params})
+        frame = connection.transport.framing.frame(
+            dumps({"jsonrpc": "2.0", "method": method, "params": params}).encode()
+        )
+        connection.outbox.offer_log([frame], len(frame))
+        if seq is not None:
+            subscription.last_seq = seq
+        else:
+            subscription.caught_up = True
 
     def resume(self, subscription: RoutedSubscription) -> None:
         """Resubscribe on the session's current owner from the seq after the last one passed on."""
@@ -364,6 +407,12 @@ class RouterClient:
                     "_harness/log/unsubscribe",
                     {"subscription": subscription.node_subscription},
                 )
+        if subscription.behind:
+            try:
+                await self.connection.outbox.put_log(())  # returns once the log lane has room
+            except OutboxClosed:
+                return
+            subscription.behind = False
         params: dict[str, Any] = {
             "sessionId": subscription.session_id,
             "fromSeq": subscription.last_seq + 1,

@@ -6,6 +6,13 @@ counter (so two clients' ids never clash on the node) and answered to the
 waiting caller; notifications are handed to the client they belong to (by
 the envelope's client key). When the websocket drops, every waiting call
 fails with `NodeDown` at once, so the router can retry it elsewhere.
+
+The link pings the node every `ping_interval` seconds; a pong that does
+not come within `ping_timeout` drops the link the same way, so a node
+that froze (stopped, or cut off) while its TCP connection stays open is
+given up within seconds, not when a call's retry deadline runs out. The
+node's websocket answers pings from its reader task, so a node that is
+alive but slow to answer one call is not dropped.
 """
 
 from __future__ import annotations
@@ -34,6 +41,13 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 ACK_DEADLINE_SECONDS = 10.0
 """How long a node may take to acknowledge a new virtual connection (answer its
 `initialize`, which needs no session) before the call counts the node as down."""
+
+PING_INTERVAL_SECONDS = 1.0
+"""How long a node stream waits between keep-alive pings."""
+
+PING_TIMEOUT_SECONDS = 5.0
+"""How long a ping's pong may take before the node counts as down (its calls retry elsewhere):
+the heartbeat's dead-after, so a frozen node is dropped as soon as it is silent that long."""
 
 SEND_QUEUE = 1024
 """Envelopes queued for one node's writer; a caller past it waits (backpressure to its client)."""
@@ -96,6 +110,8 @@ class NodeLink:
     """Why the link is down (None while it may be used)."""
     ack_deadline: float = ACK_DEADLINE_SECONDS
     """How long a node may take to answer a virtual connection's `initialize`."""
+    ping_interval: float = PING_INTERVAL_SECONDS
+    ping_timeout: float = PING_TIMEOUT_SECONDS
     _opened: set[str] = attrs.field(factory=set)
     _generations: dict[str, int] = attrs.field(factory=dict)
     """Client key → how often the node ended it: each reopening uses a new wire key, so
@@ -173,10 +189,32 @@ class NodeLink:
         async with trio.open_nursery() as nursery:
 
             async def write() -> None:
-                async for text in receive:
-                    await websocket.send_message(text)
+                try:
+                    async for text in receive:
+                        await websocket.send_message(text)
+                except trio_websocket.ConnectionClosed:
+                    return  # the reader sees the close too
+
+            async def keep_alive() -> None:
+                nonlocal reason
+                while True:
+                    await trio.sleep(self.ping_interval)
+                    with trio.move_on_after(self.ping_timeout) as timeout:
+                        try:
+                            await websocket.ping()
+                        except trio_websocket.ConnectionClosed:
+                            return  # the reader sees the close too
+                    if timeout.cancelled_caught:
+                        reason = (
+                            f"node {self.node_id!r} did not answer a ping "
+                            f"within {self.ping_timeout:g} s"
+                        )
+                        self._fail(reason)  # its callers retry now, not after the close
+                        nursery.cancel_scope.cancel()
+                        return
 
             nursery.start_soon(write)
+            nursery.start_soon(keep_alive)
             try:
                 while True:
                     text = await websocket.get_message()

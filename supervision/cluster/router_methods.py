@@ -5,8 +5,8 @@ Admission, framing and scopes are the single-process gateway's (the same
 differ. A method naming a session goes to that session's owner through
 `Router.forward` (retried on node death and `MOVED`); `session/new` picks
 the new session's id here, so it is placed before it exists;
-`session/prompt` gets a request id (`_meta.harness.requestId`, kept when
-the client sent one); the lists, `_harness/stats`,
+`session/prompt` and `_harness/session/send` get a request id
+(`_meta.harness.requestId`, kept when the client sent one); the lists, `_harness/stats`,
 `_harness/sessions/watch` and `_harness/supervision/tree` cover all live
 nodes. A session outside the caller's filter is answered as not found,
 before anything is forwarded.
@@ -30,6 +30,10 @@ from supervision.gateway.auth import Principal
 from supervision.gateway.connection import Call
 from supervision.gateway.methods import METHODS, Method, MethodTable
 from supervision.gateway.protocol import invalid_params, not_found, structure_params
+
+REQUEST_ID_METHODS = frozenset({"session/prompt", "_harness/session/send"})
+"""Methods whose retries must not log their message twice: each call gets a request id
+(`_meta.harness.requestId`, kept when the client sent one) that the node looks up."""
 
 PLACEMENT_OF_LISTS = ""
 """The placement key of calls any node can answer (the lists: the log is shared)."""
@@ -96,7 +100,7 @@ async def by_session(f: Forwarded, call: Call, method: str) -> Any:
     """Forward a call naming one session to its owner."""
     session_id = _session(f, call)
     params: Mapping[str, Any] = f.raw
-    if method == "session/prompt":
+    if method in REQUEST_ID_METHODS:
         params = _with_harness_meta(
             f.raw, requestId=f"{f.router.gateway_id}-{secrets.token_hex(8)}"
         )
@@ -141,6 +145,12 @@ async def any_node(f: Forwarded, call: Call, method: str) -> Any:
 
 async def log_subscribe(f: Forwarded, call: Call) -> Any:
     """Subscribe on the session's owner; the subscription then survives that node's death."""
+    if f.typed.batch:
+        raise invalid_params(
+            "/batch",
+            "unsupported",
+            "the cluster gateway sends one _harness/log/event per event; subscribe without batch",
+        )
     session_id = _session(f, call)
     client = _client(f, call)
     client.subscribing += 1

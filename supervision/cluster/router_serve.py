@@ -69,7 +69,15 @@ async def serve_cluster_gateway(
     ):
         if view is None:
             view = await nursery.start(Membership(config.store.url).serve_view)
-        router = Router(view=view, secret=secret, nursery=nursery)
+        cluster = config.cluster
+        assert cluster is not None  # cluster_secret checked it
+        router = Router(
+            view=view,
+            secret=secret,
+            nursery=nursery,
+            ping_interval=cluster.node_ping_interval,
+            ping_timeout=cluster.node_ping_timeout,
+        )
         if retry_deadline is not None:
             router.retry_deadline = retry_deadline
         nursery.start_soon(router.watch_view)

@@ -9,7 +9,8 @@ client connection it forwards over it. Each text frame is one *envelope*:
   first frame for a key opens a virtual connection on the node (the gateway
   sends `initialize` first); `{"c": KEY, "end": true}` closes it.
 - node → gateway: `{"c": KEY, "m": [TEXT, ...]}`: the JSON-RPC frames that
-  virtual connection sends, in order; `{"c": KEY, "end": CODE, "reason":
+  virtual connection sends, in order (a long batch split over several
+  envelopes of about 1 MiB at most); `{"c": KEY, "end": CODE, "reason":
   R}` when the node closed it.
 
 On the node, each virtual connection is an ordinary gateway connection (the

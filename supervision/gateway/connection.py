@@ -10,8 +10,9 @@ functions of params and a `Call`) never touch the transport.
   (-33003 `overloaded` beyond); a duplicate in-flight id is -32600. So the
   reader never blocks on a handler.
 - The **writer** drains the `Outbox` (replies first, then cursor batches),
-  letting log frames gather for up to 2 ms (`LOG_LINGER_SECONDS`) so one
-  write carries many; each write runs under the write deadline, and a write that stalls past it
+  everything queued in one write (the fan-out queues a whole round of
+  sessions' events before the writer runs, so one write carries them all);
+  each write runs under the write deadline, and a write that stalls past it
   closes the connection with **4008** (aborting it where even the close
   frame cannot be written).
 - Each **cursor** (prompt, load replay, a log subscription catching up) has
@@ -34,15 +35,15 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
 
-from actors.session import Event, SessionError
+from actors.session import SessionError
 from supervision.gateway.auth import Principal
-from supervision.gateway.cursors import Cursor, LogCursor, PromptCursor
+from supervision.gateway.cursors import Cursor, EventBatch, LogCursor, PromptCursor
 from supervision.gateway.outbox import Outbox, OutboxClosed, OutboxOverflow
 from supervision.gateway.protocol import (
     INTERNAL_ERROR,
@@ -81,9 +82,6 @@ DEFAULT_PING_INTERVAL_SECONDS = 20.0
 
 DEFAULT_PING_TIMEOUT_SECONDS = 20.0
 """How long a ping's pong may take before the peer counts as dead (close 1011)."""
-
-LOG_LINGER_SECONDS = 0.002
-"""How long queued log frames wait for more before the writer sends them (replies never wait)."""
 
 CLOSE_GRACE_SECONDS = 1.0
 """How long a close handshake may take before the connection is aborted."""
@@ -137,7 +135,6 @@ class _LiveLog:
     cursor: LogCursor
     stopped: bool = False
     catch_up: Callable[[], None] | None = None
-    wants_text: bool = True
     outbox: Outbox = attrs.field(init=False)
     framing: Framing = attrs.field(init=False)
 
@@ -145,7 +142,7 @@ class _LiveLog:
         self.outbox = self.connection.outbox
         self.framing = self.connection.transport.framing
 
-    def deliver(self, events: Sequence[Event], encoded: Sequence[bytes], head: int) -> bool:
+    def deliver(self, batch: EventBatch) -> bool:
         """Queue the batch's frames, or leave (False) when the log lane is full or closed."""
         if self.stopped:
             return False
@@ -153,7 +150,7 @@ class _LiveLog:
         if not outbox.log_has_room:
             self.connection.fall_behind(self)
             return False
-        frames = self.cursor.frames(events, encoded, head, self.framing)
+        frames = self.cursor.frames(batch, self.framing)
         if frames:
             outbox.offer_log(frames, sum(map(len, frames)))
         return True
@@ -503,18 +500,12 @@ class Connection:
     async def _write(self) -> None:
         while True:
             await self.outbox.wait_ready()
-            # Log frames wait up to `LOG_LINGER_SECONDS` for the ones that
-            # follow (the rest of a streamed step, other sessions' commits),
-            # so one wake and one write carry them all; a reply cuts it short.
-            with trio.move_on_after(LOG_LINGER_SECONDS):
-                await self.outbox.wait_control()
             self._unsent = self.outbox.take()
             # A batch is never cut by a close (only by the write deadline), so a
             # close never loses a reply that was already taken from the outbox.
-            with (
-                trio.CancelScope(shield=True),
-                trio.move_on_after(self.write_deadline) as deadline,
-            ):
+            with trio.CancelScope(
+                shield=True, deadline=trio.current_time() + self.write_deadline
+            ) as deadline:
                 try:
                     await self.transport.send_batch(self._unsent)
                 except TransportClosed:

@@ -6,7 +6,8 @@ store) at the pace the socket drains, asks the cursor for the frames they
 make, and moves on. Kinds:
 
 - `LogCursor` (`_harness/log/subscribe`): every event as
-  `_harness/log/event` (optionally only some types), then one
+  `_harness/log/event`, or (`batch`) consecutive events together as
+  `_harness/log/events` (optionally only some types), then one
   `_harness/log/caughtUp` when it first reaches the durable head.
 - `PromptCursor` (`session/prompt`): finds the turn that took the prompt,
   projects it to `session/update`s, and ends with the prompt's reply.
@@ -73,6 +74,40 @@ class EventTexts:
         return text
 
 
+@attrs.define(eq=False)
+class EventBatch:
+    """Contiguous durable events of one session, read once, each event's JSON encoded once.
+
+    `texts[i]` is `events[i]`'s JSON as in `session.to_json()` (compact,
+    ASCII), made on first use by `encode` and then shared by every cursor
+    the batch is handed to; `joined()` is those texts joined by commas, also
+    made once (the body of a batched subscription's `events` array).
+    `head` is the session's durable seq when the events were read.
+    """
+
+    events: Sequence[Event]
+    head: int
+    encode: Callable[[Event], bytes] = encode_event
+    _texts: list[bytes] | None = attrs.field(default=None, init=False)
+    _joined: bytes | None = attrs.field(default=None, init=False)
+
+    @property
+    def texts(self) -> Sequence[bytes]:
+        """Each event's encoded JSON, in order."""
+        texts = self._texts
+        if texts is None:
+            encode = self.encode
+            texts = self._texts = [encode(event) for event in self.events]
+        return texts
+
+    def joined(self) -> bytes:
+        """`b",".join(texts)`."""
+        joined = self._joined
+        if joined is None:
+            joined = self._joined = b",".join(self.texts)
+        return joined
+
+
 class Cursor(Protocol):
     """What a follow task needs from a cursor."""
 
@@ -89,11 +124,23 @@ class Cursor(Protocol):
 
 
 _EVENT_END = b"}}"
+_EVENTS_END = b"]}}"
+
+BATCH_MAX_BYTES = 256 * 1024
+"""Most bytes of event JSON in one `_harness/log/events` notification (larger events go alone)."""
 
 
 @attrs.define(eq=False)
 class LogCursor:
-    """`_harness/log/event` for each durable event, in seq order, gap-free, once each.
+    """The durable events of one session, in seq order, gap-free, once each.
+
+    Unbatched, each event is one `_harness/log/event` notification; with
+    `batch`, consecutive events go out together as one `_harness/log/events`
+    notification (`events`: their JSON, in order, at most `batch_max_bytes`
+    of it unless a single event is larger), as many as were read at once.
+    Either way each event's JSON is exactly the stored event's, and the
+    first time the cursor reaches the durable head one `_harness/log/caughtUp`
+    follows.
 
     Events before `next_seq` (already delivered) are skipped, so the
     fan-out may hand a cursor a batch that starts before it.
@@ -104,66 +151,61 @@ class LogCursor:
     next_seq: int
     texts: EventTexts
     types: frozenset[str] | None = None
+    batch: bool = False
+    batch_max_bytes: int = BATCH_MAX_BYTES
     caught_up: bool = False
     finished: bool = False
     delivered: int = 0
     _prefix: bytes = attrs.field(init=False)
+    _around: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        # The envelope around each event, written once per subscription.
+        # The envelope around each event (or each batch's array), written once per subscription.
         self._prefix = (
-            '{"jsonrpc":"2.0","method":"_harness/log/event","params":{"subscription":'
+            '{"jsonrpc":"2.0","method":"_harness/log/'
+            + ("events" if self.batch else "event")
+            + '","params":{"subscription":'
             + dumps(self.subscription)
             + ',"sessionId":'
             + dumps(self.session_id)
-            + ',"event":'
+            + (',"events":[' if self.batch else ',"event":')
         ).encode()
+        self._around = len(self._prefix) + len(_EVENTS_END)
 
     def take(self, events: Sequence[Event], head: int, framing: Framing) -> list[bytes]:
-        """One `_harness/log/event` per matching event, then `caughtUp` once at the head."""
-        texts = self.texts
-        encoded = [texts.text(self.session_id, event) for event in events]
-        return self.frames(events, encoded, head, framing)
+        """The frames of `events` (see the class docstring), then `caughtUp` once at the head."""
+        texts, session_id = self.texts, self.session_id
+        return self.frames(
+            EventBatch(events, head, lambda event: texts.text(session_id, event)), framing
+        )
 
-    def frames(
-        self, events: Sequence[Event], encoded: Sequence[bytes], head: int, framing: Framing
-    ) -> list[bytes]:
-        """As `take`, with each event's JSON already encoded (`encoded[i]` is `events[i]`'s).
+    def frames(self, batch: EventBatch, framing: Framing) -> list[bytes]:
+        """As `take`, for a batch whose encoded JSON may be shared with other cursors.
 
         Each frame is one join of its header, the subscription's envelope,
         the shared event bytes and the envelope's end.
         """
-        if len(events) == 1 and self.caught_up and self.types is None:
-            # The fan-out's usual case (one commit, one event): the same frame, fewer steps.
-            (event,) = events
-            if event.seq < self.next_seq:
-                return []
-            self.next_seq = event.seq + 1
-            self.delivered += 1
-            text, prefix = encoded[0], self._prefix
-            size = len(prefix) + len(text) + len(_EVENT_END)
-            return [b"".join((framing.header(size), prefix, text, _EVENT_END, framing.trailer))]
-        start = self.next_seq - events[0].seq if events else 0
+        events = batch.events
+        if not events:
+            return []
+        if self.batch and self.types is None and self.caught_up and events[0].seq == self.next_seq:
+            # The fan-out's usual case: the whole batch in one frame, around the joined JSON
+            # that every subscriber of the session shares.
+            joined = batch.joined()
+            if len(joined) <= self.batch_max_bytes:
+                self.next_seq = events[-1].seq + 1
+                self.delivered += len(events)
+                header = framing.header(self._around + len(joined))
+                return [b"".join((header, self._prefix, joined, _EVENTS_END, framing.trailer))]
+        start = self.next_seq - events[0].seq
         if start >= len(events):
             return []
-        if start > 0:
-            events, encoded = events[start:], encoded[start:]
-        prefix, header = self._prefix, framing.header
-        end = _EVENT_END + framing.trailer
-        around = len(prefix) + len(_EVENT_END)
-        join = b"".join
-        if self.types is None:
-            frames = [join((header(around + len(text)), prefix, text, end)) for text in encoded]
+        if self.batch:
+            frames = self._batched(batch, max(start, 0), framing)
         else:
-            types = self.types
-            frames = [
-                join((header(around + len(text)), prefix, text, end))
-                for event, text in zip(events, encoded, strict=True)
-                if event.type in types
-            ]
+            frames = self._single(batch, max(start, 0), framing)
         self.next_seq = events[-1].seq + 1
-        self.delivered += len(frames)
-        if not self.caught_up and self.next_seq > head:
+        if not self.caught_up and self.next_seq > batch.head:
             self.caught_up = True
             frames.append(
                 framing.frame(
@@ -176,6 +218,54 @@ class LogCursor:
                 )
             )
         return frames
+
+    def _single(self, batch: EventBatch, start: int, framing: Framing) -> list[bytes]:
+        texts: Sequence[bytes] = batch.texts
+        events = batch.events
+        if start > 0:
+            events, texts = events[start:], texts[start:]
+        prefix, header = self._prefix, framing.header
+        end = _EVENT_END + framing.trailer
+        around = len(prefix) + len(_EVENT_END)
+        join = b"".join
+        if self.types is None:
+            frames = [join((header(around + len(text)), prefix, text, end)) for text in texts]
+        else:
+            types = self.types
+            frames = [
+                join((header(around + len(text)), prefix, text, end))
+                for event, text in zip(events, texts, strict=True)
+                if event.type in types
+            ]
+        self.delivered += len(frames)
+        return frames
+
+    def _batched(self, batch: EventBatch, start: int, framing: Framing) -> list[bytes]:
+        end, around = _EVENTS_END + framing.trailer, self._around
+        texts: Sequence[bytes] = batch.texts
+        events = batch.events
+        if start > 0:
+            events, texts = events[start:], texts[start:]
+        if self.types is not None:
+            types = self.types
+            texts = [text for event, text in zip(events, texts, strict=True) if event.type in types]
+        frames: list[bytes] = []
+        group: list[bytes] = []
+        size = 0
+        for text in texts:
+            if group and size + len(text) + len(group) > self.batch_max_bytes:
+                frames.append(self._batch_frame(group, framing, around, end))
+                group, size = [], 0
+            group.append(text)
+            size += len(text)
+        if group:
+            frames.append(self._batch_frame(group, framing, around, end))
+        self.delivered += len(texts)
+        return frames
+
+    def _batch_frame(self, texts: list[bytes], framing: Framing, around: int, end: bytes) -> bytes:
+        body = b",".join(texts)
+        return b"".join((framing.header(around + len(body)), self._prefix, body, end))
 
 
 def _texts(blocks: Sequence[Block]) -> tuple[str, ...]:

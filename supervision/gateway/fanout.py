@@ -1,22 +1,29 @@
-"""The session fan-out: one feed task per watched session hands its durable events out.
+"""The session fan-out: one pump hands every watched session's durable events out.
 
-A feed waits until the session's next seq is durable (the store's commit
-wakes it; the agent never waits for it), lets the session commit for
-another `linger` (2 ms, so a streamed step goes out in a few batches, not
-one per chunk; only while few sessions commit at once), reads every
-durable event from there once, encodes each event's JSON once, and hands
-the batch to each subscriber synchronously: a live log subscription turns
-it into frames that share the encoded bytes, a status watcher looks for
-turn starts and ends. So committed
-events cost one wakeup per session, whatever the number of subscribers,
-and one encoding each.
+The store reports each commit to one listener (`SessionStore.durable_changes`):
+the sessions whose durable mark advanced. The pump waits for that (the
+agents never wait for it), lets the runtime commit for another `linger`
+(5 ms, so a streamed step goes out in one or two batches, not one per chunk),
+takes every session reported since, and for each one that has a feed reads
+its new durable events from the live log, without waiting, and hands the
+batch to each of its subscribers synchronously: a live log subscription
+turns it into frames that share the batch's encoded bytes, a status
+watcher looks for turn starts and ends. So committed events cost one
+wakeup per commit batch of the whole runtime, whatever the number of
+sessions and subscribers, and one encoding each.
+
+A session whose events are not in a live log (no running agent, a
+hibernating session, a log that has not recorded the store's commit yet)
+is read by a task of its own (`read`, from the store), and the pump leaves
+it alone until that read has been handed out.
 
 A feed delivers every durable event from its `next_seq` on, in order, with
 no gap and no duplicate, so a subscriber attaches only at or after it
 (`attach` refuses one that is behind; it catches up on its own first).
 A subscriber whose `deliver` returns False leaves the feed; a feed without
-subscribers ends. The feeds run in the gateway's nursery (`run`); a feed's
-failure ends that feed only: its subscribers get `fail(reason)`.
+subscribers ends. A session whose commits failed ends its feed: its
+subscribers get `fail(reason)`; a bug in one feed's delivery ends that
+feed only.
 """
 
 from __future__ import annotations
@@ -28,23 +35,20 @@ from typing import Protocol
 import attrs
 import trio
 
-from actors.session import Event, SessionError
-from supervision.gateway.cursors import encode_event
+from actors.session import DurableChanges, Event, SessionError
+from supervision.gateway.cursors import EventBatch
 
 log = logging.getLogger(__name__)
 
 FEED_BATCH = 1024
-"""Most events a feed reads and hands out per wakeup."""
+"""Most events a feed reads and hands out per round."""
 
-FEED_LINGER_SECONDS = 0.002
-"""How long a woken feed waits for the session's next commits before it reads and hands out."""
+FEED_LINGER_SECONDS = 0.005
+"""How long the woken pump waits for more commits before it reads and hands out."""
 
-MAX_LINGERING = 8
-"""Feeds that may linger at once. When more sessions commit at the same time the runtime is
-busy: the feeds read at once, and the connections' writers batch across sessions anyway."""
-
-WaitDurable = Callable[[str, int], Awaitable[None]]
-"""`wait(session_id, seq)`: returns once `seq` is durable (the store's `wait_durable`)."""
+ReadNow = Callable[[str, int, int], tuple[Sequence[Event], int] | None]
+"""`read_now(session_id, from_seq, limit)`: durable events from `from_seq` (at least one) and the
+head when the live log has them; None when they must be read from the store (`ReadDurable`)."""
 
 ReadDurable = Callable[[str, int, int], Awaitable[tuple[Sequence[Event], int]]]
 """`read(session_id, from_seq, limit)`: waits until `from_seq` is durable; events and head."""
@@ -53,13 +57,8 @@ ReadDurable = Callable[[str, int, int], Awaitable[tuple[Sequence[Event], int]]]
 class Subscriber(Protocol):
     """One consumer of a session's durable events."""
 
-    @property
-    def wants_text(self) -> bool:
-        """True when `deliver` needs the events' encoded JSON."""
-        ...
-
-    def deliver(self, events: Sequence[Event], encoded: Sequence[bytes], head: int) -> bool:
-        """Take a contiguous batch (`encoded` is empty unless `wants_text`); False to leave.
+    def deliver(self, batch: EventBatch) -> bool:
+        """Take a contiguous batch (its JSON is encoded on first use, once); False to leave.
 
         Must not block, and must not attach or detach subscribers.
         """
@@ -75,38 +74,63 @@ class _Feed:
     session_id: str
     next_seq: int
     subscribers: list[Subscriber] = attrs.field(factory=list)
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    reading: bool = False
+    """A task reads this feed's events from the store; the pump leaves the feed alone."""
 
 
 @attrs.define(eq=False)
 class Fanout:
     """The gateway's session feeds (see the module docstring). Serve them with `run`."""
 
-    wait: WaitDurable
+    changes: Callable[[], DurableChanges]
+    """Opens the store's durability listener (`SessionStore.durable_changes`)."""
+    read_now: ReadNow
     read: ReadDurable
     linger: float = FEED_LINGER_SECONDS
-    _lingering: int = attrs.field(default=0, init=False)
+    rounds: int = attrs.field(default=0, init=False)
+    """Batches handed out so far (with `events`: how many events a batch carries on average)."""
+    events: int = attrs.field(default=0, init=False)
+    """Events handed out so far (each counted once, whatever the number of subscribers)."""
     _feeds: dict[str, _Feed] = attrs.field(factory=dict, init=False)
+    _listener: DurableChanges | None = attrs.field(default=None, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
 
     @property
     def feeds(self) -> int:
-        """Sessions with a running feed."""
+        """Sessions with a feed."""
         return len(self._feeds)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Host the feeds until cancelled (`task_status.started()` once they can be attached).
+        """Run the pump until cancelled (`task_status.started()` once feeds can be attached).
 
         Cancellation: every feed stops; subscribers are not told (their
         connections are closing with the gateway).
         """
+        listener = self.changes()
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+                self._nursery, self._listener = nursery, listener
                 task_status.started()
-                await trio.sleep_forever()
+                while True:
+                    await listener.wait()
+                    if self.linger:
+                        # The first commit wakes the pump; what the runtime commits in the
+                        # next moment (the rest of a streamed step) goes out with it.
+                        await trio.sleep(self.linger)
+                    for session_id in listener.take():
+                        feed = self._feeds.get(session_id)
+                        if feed is None or feed.reading:
+                            continue
+                        try:
+                            self._pump(feed, listener)
+                        except Exception:
+                            # A bug in one feed ends that feed (its subscribers' connections),
+                            # never the server.
+                            log.exception("the feed of session %r failed", session_id)
+                            self._fail(feed, f"session {session_id!r}: the gateway's feed failed")
         finally:
-            self._nursery = None
+            listener.close()
+            self._nursery = self._listener = None
             self._feeds.clear()
 
     def attach(self, session_id: str, next_seq: int, subscriber: Subscriber) -> bool:
@@ -115,12 +139,13 @@ class Fanout:
         Raises:
             RuntimeError: the fan-out is not running.
         """
-        if self._nursery is None:
+        if self._listener is None:
             raise RuntimeError("the gateway's fan-out is not running")
         feed = self._feeds.get(session_id)
         if feed is None:
             feed = self._feeds[session_id] = _Feed(session_id=session_id, next_seq=next_seq)
-            self._nursery.start_soon(self._run_feed, feed)
+            # Events may be durable already: the pump looks at the new feed at once.
+            self._listener.note(session_id)
         elif next_seq < feed.next_seq:
             return False
         feed.subscribers.append(subscriber)
@@ -138,7 +163,7 @@ class Fanout:
         self.attach(session_id, start if feed is None else feed.next_seq, subscriber)
 
     def detach(self, session_id: str, subscriber: Subscriber) -> None:
-        """Remove `subscriber` (a no-op when it is not attached); a feed left empty stops."""
+        """Remove `subscriber` (a no-op when it is not attached); a feed left empty ends."""
         feed = self._feeds.get(session_id)
         if feed is None or subscriber not in feed.subscribers:
             return
@@ -147,40 +172,56 @@ class Fanout:
             self._end(feed)
 
     def _end(self, feed: _Feed) -> None:
-        feed.scope.cancel()
+        feed.subscribers = []
         if self._feeds.get(feed.session_id) is feed:
             del self._feeds[feed.session_id]
 
-    async def _run_feed(self, feed: _Feed) -> None:
-        with feed.scope:
+    def _pump(self, feed: _Feed, listener: DurableChanges) -> None:
+        """Hand out what is durable past the feed, from the live log or by a store read."""
+        session_id = feed.session_id
+        while feed.subscribers and listener.seq(session_id) >= feed.next_seq:
+            read = self.read_now(session_id, feed.next_seq, FEED_BATCH)
+            if read is None:
+                feed.reading = True
+                assert self._nursery is not None
+                self._nursery.start_soon(self._read_from_store, feed, listener)
+                return
+            self._deliver(feed, *read)
+        failure = listener.failure(session_id)
+        if feed.subscribers and failure is not None:
+            self._fail(feed, f"session {session_id!r}: {failure}")
+
+    async def _read_from_store(self, feed: _Feed, listener: DurableChanges) -> None:
+        try:
+            events, head = await self.read(feed.session_id, feed.next_seq, FEED_BATCH)
+        except SessionError as exc:
+            self._fail(feed, f"session {feed.session_id!r}: {exc}")
+            return
+        except Exception:
+            log.exception("the feed of session %r failed", feed.session_id)
+            self._fail(feed, f"session {feed.session_id!r}: the gateway's feed failed")
+            return
+        feed.reading = False
+        if self._feeds.get(feed.session_id) is feed:
             try:
-                while feed.subscribers:
-                    if self.linger:
-                        # The first durable event wakes the feed; what the session commits
-                        # in the next moment (the rest of a streamed step) goes out with it.
-                        await self.wait(feed.session_id, feed.next_seq)
-                        if self._lingering < MAX_LINGERING:
-                            self._lingering += 1
-                            try:
-                                await trio.sleep(self.linger)
-                            finally:
-                                self._lingering -= 1
-                    events, head = await self.read(feed.session_id, feed.next_seq, FEED_BATCH)
-                    feed.next_seq = events[-1].seq + 1
-                    subscribers = feed.subscribers
-                    encoded: Sequence[bytes] = ()
-                    if any(subscriber.wants_text for subscriber in subscribers):
-                        encoded = [encode_event(event) for event in events]
-                    feed.subscribers = [s for s in subscribers if s.deliver(events, encoded, head)]
-            except SessionError as exc:
-                self._fail(feed, f"session {feed.session_id!r}: {exc}")
+                self._deliver(feed, events, head)
             except Exception:
-                # A bug in one feed ends that feed (its subscribers' connections), never the server.
                 log.exception("the feed of session %r failed", feed.session_id)
                 self._fail(feed, f"session {feed.session_id!r}: the gateway's feed failed")
-        self._end(feed)
+                return
+            listener.note(feed.session_id)  # more may have become durable meanwhile
+
+    def _deliver(self, feed: _Feed, events: Sequence[Event], head: int) -> None:
+        feed.next_seq = events[-1].seq + 1
+        self.rounds += 1
+        self.events += len(events)
+        batch = EventBatch(events, head)
+        feed.subscribers = [s for s in feed.subscribers if s.deliver(batch)]
+        if not feed.subscribers:
+            self._end(feed)
 
     def _fail(self, feed: _Feed, reason: str) -> None:
-        subscribers, feed.subscribers = feed.subscribers, []
+        subscribers = feed.subscribers
+        self._end(feed)
         for subscriber in subscribers:
             subscriber.fail(reason)

@@ -104,6 +104,7 @@ class LogSubscribeParams:
     session_id: str
     from_seq: int | None = None
     types: list[str] | None = None
+    batch: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -49,7 +49,6 @@ class Outbox:
     _log: list[bytes] = attrs.field(factory=list, init=False)
     _log_bytes: int = attrs.field(default=0, init=False)
     _ready: trio.Event = attrs.field(factory=trio.Event, init=False)
-    _control_ready: trio.Event = attrs.field(factory=trio.Event, init=False)
     _space: trio.Event = attrs.field(factory=trio.Event, init=False)
     _closed: bool = attrs.field(default=False, init=False)
 
@@ -73,7 +72,6 @@ class Outbox:
             )
         self._control.append(frame)
         self._ready.set()
-        self._control_ready.set()
 
     def offer_log(self, frames: Sequence[bytes], size: int) -> bool:
         """Queue log frames of `size` bytes unless the lane is full or closed; True if queued."""
@@ -113,13 +111,6 @@ class Outbox:
             if self._ready.is_set():
                 self._ready = trio.Event()
             await self._ready.wait()
-
-    async def wait_control(self) -> None:
-        """Return once a control frame is queued (without taking it). Cancellable."""
-        while not self._control:
-            if self._control_ready.is_set():
-                self._control_ready = trio.Event()
-            await self._control_ready.wait()
 
     def take(self) -> list[bytes]:
         """Every queued frame, removed: control frames first, then log frames."""

@@ -100,7 +100,11 @@ class Gateway:
     _slow_consumer_closed: trio.Event = attrs.field(factory=trio.Event)
 
     def __attrs_post_init__(self) -> None:
-        self.fanout = Fanout(wait=self.runtime.store.wait_durable, read=self.read_durable)
+        self.fanout = Fanout(
+            changes=self.runtime.store.durable_changes,
+            read_now=self.read_durable_now,
+            read=self.read_durable,
+        )
         self.status_watch = StatusWatch(directory=self.directory, fanout=self.fanout)
 
     @asynccontextmanager
@@ -187,6 +191,23 @@ class Gateway:
         if session is not None:
             return session.durable_seq
         return len(await self.runtime.store.load(session_id)) - 1
+
+    def read_durable_now(
+        self, session_id: str, from_seq: int, limit: int
+    ) -> tuple[Sequence[Event], int] | None:
+        """Durable events from `from_seq` in the live log, without waiting; None if it lacks them.
+
+        Returns up to `limit` events (at least one) and the durable head.
+        None: no running agent, a hibernating session, or the store's commit
+        of `from_seq` is not recorded in the live log yet (`read_durable` then).
+        """
+        session = self.directory.live_session(session_id)
+        if session is None or session.hibernating:
+            return None
+        head = session.durable_seq
+        if head < from_seq:
+            return None
+        return session.durable_events(from_seq, limit), head
 
     async def read_durable(
         self, session_id: str, from_seq: int, limit: int

@@ -15,12 +15,12 @@ is closed ("removed") stops being followed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import attrs
 
-from actors.session import Event
 from actors.session.events import TurnEnd, TurnStart
+from supervision.gateway.cursors import EventBatch
 from supervision.gateway.fanout import Fanout
 from supervision.gateway.sessions import SessionDirectory
 
@@ -33,15 +33,14 @@ class _StatusSubscriber:
 
     directory: SessionDirectory
     session_id: str
-    wants_text: bool = False
 
-    def deliver(self, events: Sequence[Event], encoded: Sequence[bytes], head: int) -> bool:
+    def deliver(self, batch: EventBatch) -> bool:
         """Announce "running" per `turn/start` and "idle" per `turn/end` in the batch.
 
         A failing watcher is logged and skipped: it never ends the session's
         feed (which the session's log subscribers share).
         """
-        for event in events:
+        for event in batch.events:
             if isinstance(event.data, TurnStart | TurnEnd):
                 status = "running" if isinstance(event.data, TurnStart) else "idle"
                 try:

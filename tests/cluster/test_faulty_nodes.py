@@ -217,6 +217,22 @@ async def test_cluster_log_subscribe_reports_the_gateways_epoch(postgres_dsn: st
         nursery.cancel_scope.cancel()
 
 
+async def test_the_cluster_gateway_refuses_batched_log_subscriptions(postgres_dsn: str) -> None:
+    config = cluster_config(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        async with (
+            running_cluster(config, ("a",), nursery) as (_, gateway),
+            connect(gateway) as client,
+        ):
+            sid = (await client.call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"]
+            answer = await client.request(
+                "_harness/log/subscribe", {"sessionId": sid, "batch": True}
+            )
+            assert answer["error"]["code"] == -32602
+            assert answer["error"]["data"] == {"path": "/batch", "reason": "unsupported"}
+        nursery.cancel_scope.cancel()
+
+
 async def silent(websocket: trio_websocket.WebSocketConnection) -> None:
     """A node that reads everything and answers nothing (its stream stays up)."""
     while True:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 import trio
@@ -15,8 +17,8 @@ import trio_websocket
 from actors.messages import UserSource
 from actors.session.events import TurnStart, UserMessage
 from actors.session.postgres_store import PostgresStore
-from supervision.cluster import Membership
-from supervision.cluster.node import run_node
+from supervision.cluster import Membership, wire
+from supervision.cluster.node import ENVELOPE_BYTES, NodeStream, _ClientTransport, run_node
 from supervision.config import ConfigError, parse_config
 from tests.cluster.helpers import CLUSTER_SECRET, cluster_config, raw_node_client, write_config
 
@@ -160,3 +162,22 @@ async def test_a_gateway_sending_garbage_loses_its_stream_not_the_node(postgres_
             new = await good.call("session/new", {"cwd": "/", "mcpServers": []})
             assert new["sessionId"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_long_batch_reaches_the_gateway_in_envelopes_of_bounded_size() -> None:
+    sent: list[str] = []
+
+    class Stream:
+        async def send(self, text: str) -> None:
+            sent.append(text)
+
+    inbound_send, inbound = trio.open_memory_channel[str](1)
+    transport = _ClientTransport(
+        key="k", stream=cast(NodeStream, Stream()), inbound=inbound, outbound=inbound_send
+    )
+    frames = [json.dumps({"n": n, "pad": "x" * 100_000}).encode() for n in range(60)]
+    await transport.send_batch(frames)
+    envelopes = [wire.parse(text) for text in sent]
+    assert len(envelopes) > 1
+    assert all(len(text) < 2 * ENVELOPE_BYTES for text in sent)
+    assert [t.encode() for e in envelopes for t in e.texts] == frames  # all, in order

@@ -286,3 +286,73 @@ async def test_a_node_whose_lease_was_taken_is_fenced_and_keeps_serving(
                 assert done["stopReason"] == "end_turn"
         nursery.cancel_scope.cancel()
     assert len(await stored_events(postgres_dsn, sid)) == before
+
+
+def logged_request_ids(read: dict[str, Any]) -> list[str | None]:
+    return [
+        e["data"].get("source", {}).get("request_id")
+        for e in read["events"]
+        if e["type"] == "user/message"
+    ]
+
+
+async def test_a_send_retried_after_its_first_attempt_was_logged_is_logged_once(
+    postgres_dsn: str,
+) -> None:
+    config = cluster_config(postgres_dsn)
+    async with (
+        trio.open_nursery() as nursery,
+        running_cluster(config, ("a", "b"), nursery) as (scopes, gateway),
+        connect(gateway) as client,
+    ):
+        sid = (await client.call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"]
+        first = owner(sid, ["a", "b"])
+        await client.call("_harness/log/subscribe", {"sessionId": sid})
+        sent = {"sessionId": sid, "content": text("hello"), "placement": "next_turn"}
+        assert await client.call("_harness/session/send", sent) == {
+            "accepted": True,
+            "placement": "next_turn",
+        }
+        with trio.fail_after(10):
+            await client.wait_for(
+                lambda m: (
+                    m["method"] == "_harness/log/event"
+                    and m["params"]["event"]["type"] == "turn/end"
+                )
+            )
+        read = await client.call("_harness/log/read", {"sessionId": sid, "fromSeq": 0})
+        (request_id,) = logged_request_ids(read)
+        assert request_id is not None
+        assert request_id.startswith(gateway.methods.router.gateway_id)
+        # The node that logged it dies before its answer got back: the gateway sends the
+        # call again, with the same request id, to the session's next owner.
+        scopes[first].cancel()
+        await wait_nodes(gateway, 1)
+        (survivor,) = gateway.methods.router.view.nodes
+        retry = {**sent, "_meta": {"harness": {"requestId": request_id}}}
+        async with raw_node_client(survivor.endpoint) as direct:
+            with trio.fail_after(15):
+                while True:  # MOVED until the stopping node has released the lease
+                    answer = await direct.request("_harness/session/send", retry)
+                    if answer.get("error", {}).get("code") != MOVED:
+                        break
+                    await trio.sleep(0.2)
+            assert answer["result"] == {"accepted": True, "placement": "next_turn"}
+            # Twice at once on one node: the second finds the first queued, not logged yet.
+            twice = {**sent, "_meta": {"harness": {"requestId": "twice"}}}
+            await direct.call("_harness/session/send", twice)
+            await direct.call("_harness/session/send", twice)
+        reply = await client.call("session/prompt", {"sessionId": sid, "prompt": text("two")})
+        assert reply["stopReason"] == "end_turn"
+        read = await client.call("_harness/log/read", {"sessionId": sid, "fromSeq": 0})
+        ids = logged_request_ids(read)
+        assert ids.count(request_id) == 1
+        assert ids.count("twice") == 1
+        assert len(ids) == 3
+        # session/close needs no request id: it logs nothing, so a retry changes no log.
+        assert await client.call("session/close", {"sessionId": sid}) == {}
+        async with raw_node_client(survivor.endpoint) as direct:
+            assert await direct.call("session/close", {"sessionId": sid}) == {}
+        after = await client.call("_harness/log/read", {"sessionId": sid, "fromSeq": 0})
+        assert after["events"] == read["events"]
+        nursery.cancel_scope.cancel()

@@ -126,6 +126,10 @@ class RpcClient:
                 params = message["params"]
                 self.log_events.setdefault(params["sessionId"], []).append(params["event"])
                 self.log_event_count += 1
+            elif message.get("method") == "_harness/log/events":
+                params = message["params"]
+                self.log_events.setdefault(params["sessionId"], []).extend(params["events"])
+                self.log_event_count += len(params["events"])
             if "method" in message:
                 self.notifications.append(message)
             else:

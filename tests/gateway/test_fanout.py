@@ -8,6 +8,7 @@ import statistics
 from contextlib import AsyncExitStack
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 import trio_websocket
@@ -76,8 +77,10 @@ async def test_fifty_supervisors_get_everything_and_a_stalled_reader_is_closed_4
                     client = await stack.enter_async_context(connect(gateway))
                     plan = [ids[(index * PER_SUPERVISOR + j) % SESSIONS] for j in range(20)]
                     for sid in plan:
+                        # Every other supervisor has its events batched (`_harness/log/events`).
                         await client.call(
-                            "_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0}
+                            "_harness/log/subscribe",
+                            {"sessionId": sid, "fromSeq": 0, "batch": index % 2 == 1},
                         )
                     clients.append(client)
                     plans.append(plan)
@@ -139,13 +142,17 @@ def _log(gateway: Gateway, session_id: str) -> list[dict[str, Any]]:
     return session.to_json()
 
 
-async def test_a_subscriber_dropped_by_the_fanout_catches_up_and_loses_nothing() -> None:
+@pytest.mark.parametrize("batch", [False, True])
+async def test_a_subscriber_dropped_by_the_fanout_catches_up_and_loses_nothing(
+    batch: bool,
+) -> None:
     config = SimulatorConfig(reply_tokens=40)
     async with running_gateway(config=config) as gateway, connect(gateway) as client:
         with trio.fail_after(60):
             agent = await gateway.directory.create(profile="default", owner=None)
             sid = agent.session.id
-            await client.call("_harness/log/subscribe", {"sessionId": sid})  # live only
+            # Live only.
+            await client.call("_harness/log/subscribe", {"sessionId": sid, "batch": batch})
             (connection,) = gateway.connections
             # A one-byte log lane: nearly every batch the fan-out offers is refused, so the
             # subscription keeps dropping out, catching up from the log and joining again.

@@ -64,6 +64,7 @@ async def _exercise(client: RpcClient) -> Recorder:
     sid = (await call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"]
     await call("_harness/sessions/watch", {})
     await call("_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0})
+    await call("_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0, "batch": True})
     await call(
         "session/prompt",
         {"sessionId": sid, "prompt": [{"type": "text", "text": 'call list_files {"path": "."}'}]},
@@ -107,7 +108,12 @@ async def test_every_harness_method_was_exercised(
     harness = {name for name in METHODS if name.startswith("_harness/")}
     assert harness <= {method for method, _, _ in recorder.calls}
     kinds = {n["method"] for n in notifications}
-    assert {"_harness/log/event", "_harness/log/caughtUp", "_harness/sessions/changed"} <= kinds
+    assert {
+        "_harness/log/event",
+        "_harness/log/events",
+        "_harness/log/caughtUp",
+        "_harness/sessions/changed",
+    } <= kinds
     assert "_harness/supervision/event" in kinds
 
 

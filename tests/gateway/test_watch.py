@@ -40,7 +40,9 @@ async def test_status_changes_reach_watchers_of_a_gateway_opened_from_code() -> 
         running, ended = changes[1]["session"], changes[2]["session"]
         assert running["sessionId"] == sid and running["turn"] == 0
         assert running["status"] == "running"
-        assert ended["status"] == "idle" and ended["headSeq"] > running["headSeq"]
+        # Each summary has the durable head when it was announced: one fan-out batch may hold
+        # the whole turn, so both can show the same head.
+        assert ended["status"] == "idle" and ended["headSeq"] >= running["headSeq"] >= 0
         await driver.call("session/close", {"sessionId": sid})
         assert [c["change"] for c in await _changes(watcher, 4)][3] == "removed"
 

@@ -15,6 +15,7 @@ from actors.providers.actor import ProviderActor
 from actors.providers.http_client import (
     HttpClientError,
     HttpClientSettings,
+    ProviderClient,
     ShardedTransport,
     open_http_client,
 )
@@ -82,11 +83,37 @@ def test_fewer_than_one_pool_is_refused_by_name() -> None:
         )
 
 
-async def test_the_default_client_is_a_plain_httpx_client_with_the_given_limits() -> None:
+async def test_the_default_client_is_a_provider_client_over_one_pool_with_the_given_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in (
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+    ):
+        monkeypatch.delenv(name, raising=False)
     settings = HttpClientSettings(limits=httpx.Limits(max_connections=3))
     async with open_http_client(settings) as client:
+        assert isinstance(client, ProviderClient)
+        assert isinstance(client.transport, httpx.AsyncHTTPTransport)
         # httpx exposes no public view of the pool limits.
+        assert client.transport._pool._max_connections == 3  # type: ignore[attr-defined]
+    assert client.is_closed
+
+
+async def test_with_a_proxy_in_the_environment_the_default_client_is_httpxs_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    settings = HttpClientSettings(limits=httpx.Limits(max_connections=3))
+    async with open_http_client(settings) as client:
+        # httpx routes through the proxy only when it builds its transports itself.
+        assert not isinstance(client, ProviderClient)
         assert client._transport._pool._max_connections == 3  # type: ignore[attr-defined]
+        assert any(mount is not None for mount in client._mounts.values())
     assert client.is_closed
 
 

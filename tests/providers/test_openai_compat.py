@@ -1,13 +1,16 @@
 """The OpenAI-compatible adapter against the simulator: serialization, streaming, failures, clocks.
 
-Stream tests run twice, through `httpx.MockTransport` ("mock") and over a real
-loopback socket served by Hypercorn ("loopback"). Clock tests use the mock
+Stream tests run three times: through `httpx.MockTransport` ("mock"), over a
+real loopback socket served by Hypercorn through a plain `httpx.AsyncClient`
+("loopback"), and over loopback through a `ProviderClient`, whose transport
+the adapter drives directly ("direct"). Clock tests use the mock
 front end under `autojump_clock`; a few run on loopback in real time.
 """
 
 from __future__ import annotations
 
 import email.utils
+import gzip
 import itertools
 import json
 import socket
@@ -33,6 +36,7 @@ from actors.providers.chunks import (
     Usage,
     UsageChunk,
 )
+from actors.providers.http_client import ProviderClient
 from actors.providers.openai_compat import (
     R1_PROFILE,
     V4_PROFILE,
@@ -113,16 +117,22 @@ class Frontend:
         if self.kind == "mock":
             client = httpx.AsyncClient(transport=simulator_transport(engine))
             base_url = "http://simulator.test"
-        else:
+        elif self.kind == "loopback":
             base_url = await self.nursery.start(serve_simulator, engine)
             client = httpx.AsyncClient(
                 timeout=httpx.Timeout(30.0), limits=httpx.Limits(max_connections=4)
+            )
+        else:
+            base_url = await self.nursery.start(serve_simulator, engine)
+            client = ProviderClient(
+                transport=httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=4)),
+                timeout=httpx.Timeout(30.0),
             )
         self.clients.append(client)
         return OpenAICompatProvider(client, base_url=base_url, api_key=API_KEY, **options), engine
 
 
-@pytest.fixture(params=["mock", "loopback"])
+@pytest.fixture(params=["mock", "loopback", "direct"])
 async def frontend(
     request: pytest.FixtureRequest, nursery: trio.Nursery
 ) -> AsyncIterator[Frontend]:
@@ -320,6 +330,45 @@ async def test_a_text_reply_streams_with_usage_and_completes(frontend: Frontend)
     assert finish_of(chunks) == FinishChunk(reason="completed")
     assert recorded.outcome == "completed"
     assert recorded.raw == provider.encode_request(_request(Message.user("hello")))
+
+
+async def test_a_provider_client_request_carries_the_clients_headers_without_compression(
+    nursery: trio.Nursery,
+) -> None:
+    engine = SimulatorEngine()
+    url = await nursery.start(serve_simulator, engine)
+    plain = httpx.AsyncClient(headers={"x-team": "a"})
+    direct = ProviderClient(transport=httpx.AsyncHTTPTransport(), timeout=httpx.Timeout(30.0))
+    direct.headers["x-team"] = "a"
+    request = _request(Message.user("hello"))
+    async with plain, direct:
+        for client in (plain, direct):
+            provider = OpenAICompatProvider(client, base_url=url, api_key=API_KEY)
+            assert finish_of(await collect(provider, request)).reason == "completed"
+    sent_plain, sent_direct = (dict(record.headers) for record in engine.requests)
+    assert "gzip" in sent_plain.pop("accept-encoding")
+    assert sent_direct.pop("accept-encoding") == "identity"
+    assert sent_plain == sent_direct
+    assert sent_direct["x-team"] == "a"
+    assert engine.requests[0].raw == engine.requests[1].raw
+
+
+async def test_a_compressed_stream_through_a_provider_client_is_decoded() -> None:
+    body = b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\ndata: [DONE]\n\n'
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream", "content-encoding": "gzip"},
+            content=gzip.compress(body),
+        )
+
+    client = ProviderClient(transport=httpx.MockTransport(handler), timeout=httpx.Timeout(5.0))
+    async with client:
+        provider = OpenAICompatProvider(client, base_url="http://sim.test", api_key=None)
+        chunks = await collect(provider, _request(Message.user("hello")))
+    assert text_of(chunks) == "hi"
+    assert finish_of(chunks).reason == "completed"
 
 
 async def test_parallel_tool_calls_are_announced_once_and_arguments_pass_raw(

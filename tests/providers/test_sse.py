@@ -129,3 +129,15 @@ def test_overlong_event_data_fails_loudly() -> None:
     decoder = SSEDecoder(max_event_bytes=32)
     with pytest.raises(SSEError, match="data exceeds 32 bytes"):
         decoder.feed(b"data: 0123456789\n" * 3)
+
+
+def test_a_bare_data_line_adds_an_empty_value() -> None:
+    assert _feed_all([b"data\ndata:x\n\n", b"data\n\n"]) == [
+        SSEEvent(data="\nx"),
+        SSEEvent(data=""),
+    ]
+
+
+def test_a_long_line_fed_byte_by_byte_decodes_once_complete() -> None:
+    line = b"data: " + b"y" * 5000 + b"\r\n\r\n"
+    assert _feed_all([line[i : i + 1] for i in range(len(line))]) == [SSEEvent(data="y" * 5000)]

@@ -334,3 +334,22 @@ async def test_an_append_cancelled_while_blocked_leaves_its_seq_free(
         await store.append("c", [turn_start(0)])
         await store.flush()
     assert [writer_backend.stored_rows(session_id) for session_id in "abc"] == [1, 1, 1]
+
+
+async def test_durable_changes_reports_every_session_that_advanced(backend: Backend) -> None:
+    async with serving(backend.open_store()) as store:
+        changes = store.durable_changes()
+        await store.create("a")
+        await store.create("b")
+        await store.append("a", [turn_start(0)])
+        await store.append("b", [turn_start(0), turn_start(1, turn=1)])
+        await store.flush()
+        with trio.fail_after(10):
+            await changes.wait()
+        assert changes.take() == {"a", "b"}
+        assert (changes.seq("a"), changes.seq("b")) == (0, 1)
+        assert changes.take() == set() and changes.failure("a") is None
+        changes.close()
+        await store.append("a", [turn_start(1, turn=1)])
+        await store.flush()
+        assert changes.take() == set()  # a closed listener hears nothing more

@@ -180,3 +180,26 @@ async def test_sqlite_watch_delivers_after_the_group_commit(tmp_path: Path) -> N
         reloaded = await Session.load(store, session.id)  # closes the open turn 4
         assert reloaded.durable_seq == len(reloaded) - 1 == 5
         nursery.cancel_scope.cancel()
+
+
+async def test_durable_changes_report_a_failed_session_with_its_failure() -> None:
+    marks = DurableMarks()
+    changes = marks.changes()
+    marks.advance("s", 0)
+    marks.advance("s", 0)  # not an advance: reported once
+    assert changes.take() == {"s"}
+    async with trio.open_nursery() as nursery:
+        woken = trio.Event()
+
+        async def waiter() -> None:
+            await changes.wait()
+            woken.set()
+
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        marks.fail("s", SessionError("disk on fire"))
+    assert woken.is_set() and changes.take() == {"s"}
+    failure = changes.failure("s")
+    assert failure is not None and "disk on fire" in str(failure)
+    changes.close()
+    changes.close()  # idempotent

@@ -1,0 +1,185 @@
+"""The fan-out's pump: one wakeup per commit batch, every session's events in order, failures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from actors.session import Event, SessionError
+from actors.session.durability import DurableMarks
+from supervision.gateway.cursors import EventBatch
+from supervision.gateway.fanout import Fanout
+from tests.session.store_helpers import turn_start
+
+
+@attrs.define(eq=False)
+class _Log:
+    """Sessions' events and their durability marks, as the gateway's live logs would have them."""
+
+    marks: DurableMarks = attrs.field(factory=DurableMarks)
+    events: dict[str, list[Event]] = attrs.field(factory=dict)
+    in_store: set[str] = attrs.field(factory=set)
+    """Sessions read with `read` (as a session without a live agent would be)."""
+    store_reads: int = 0
+
+    def commit(self, session_id: str, count: int = 1) -> None:
+        log = self.events.setdefault(session_id, [])
+        for _ in range(count):
+            log.append(turn_start(len(log)))
+        self.marks.advance(session_id, len(log) - 1)
+
+    def read_now(
+        self, session_id: str, from_seq: int, limit: int
+    ) -> tuple[Sequence[Event], int] | None:
+        if session_id in self.in_store:
+            return None
+        head = self.marks.seq(session_id)
+        if head < from_seq:
+            return None
+        return self.events[session_id][from_seq : min(head + 1, from_seq + limit)], head
+
+    async def read(self, session_id: str, from_seq: int, limit: int) -> tuple[Sequence[Event], int]:
+        await self.marks.wait(session_id, from_seq)
+        self.store_reads += 1
+        head = self.marks.seq(session_id)
+        return self.events[session_id][from_seq : min(head + 1, from_seq + limit)], head
+
+
+@attrs.define(eq=False)
+class _Subscriber:
+    batches: list[list[int]] = attrs.field(factory=list)
+    failures: list[str] = attrs.field(factory=list)
+    broken: bool = False
+
+    def deliver(self, batch: EventBatch) -> bool:
+        if self.broken:
+            raise RuntimeError("a bug")
+        self.batches.append([event.seq for event in batch.events])
+        return True
+
+    def fail(self, reason: str) -> None:
+        self.failures.append(reason)
+
+    @property
+    def seqs(self) -> list[int]:
+        return [seq for batch in self.batches for seq in batch]
+
+
+async def _running(log: _Log, nursery: trio.Nursery) -> Fanout:
+    fanout = Fanout(changes=log.marks.changes, read_now=log.read_now, read=log.read)
+    await nursery.start(fanout.run)
+    return fanout
+
+
+async def test_commits_between_two_wakeups_go_out_as_one_batch_per_session(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = _Log()
+    async with trio.open_nursery() as nursery:
+        fanout = await _running(log, nursery)
+        subscribers = {sid: _Subscriber() for sid in ("a", "b", "c")}
+        for sid, subscriber in subscribers.items():
+            log.commit(sid, 2)  # already durable when it attaches: delivered too
+            assert fanout.attach(sid, 0, subscriber)
+        for _ in range(5):
+            for sid in subscribers:
+                log.commit(sid)
+        await trio.sleep(1)
+        for subscriber in subscribers.values():
+            assert subscriber.batches == [[0, 1, 2, 3, 4, 5, 6]]
+        rounds = fanout.rounds
+        log.commit("a", 3)
+        await trio.sleep(1)
+        assert subscribers["a"].batches[-1] == [7, 8, 9]
+        assert fanout.rounds == rounds + 1 and fanout.events == 3 * 7 + 3
+        assert not fanout.attach("a", 5, _Subscriber())  # behind the feed: catches up first
+        late = _Subscriber()
+        assert fanout.attach("a", 10, late)
+        log.commit("a")
+        await trio.sleep(1)
+        assert late.seqs == [10] and subscribers["a"].seqs == list(range(11))
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_session_read_from_the_store_keeps_its_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = _Log(in_store={"s"})
+    async with trio.open_nursery() as nursery:
+        fanout = await _running(log, nursery)
+        subscriber = _Subscriber()
+        fanout.attach("s", 0, subscriber)
+        for _ in range(20):
+            log.commit("s")
+            await trio.sleep(0.0005)
+        await trio.sleep(1)
+        assert subscriber.seqs == list(range(20))
+        assert log.store_reads == len(subscriber.batches) < 20
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("in_store", [False, True])
+async def test_a_failed_session_fails_its_subscribers_after_its_durable_events(
+    autojump_clock: trio.testing.MockClock, in_store: bool
+) -> None:
+    log = _Log(in_store={"bad"} if in_store else set())
+    async with trio.open_nursery() as nursery:
+        fanout = await _running(log, nursery)
+        bad, good = _Subscriber(), _Subscriber()
+        fanout.attach("bad", 0, bad)
+        fanout.attach("good", 0, good)
+        log.commit("bad", 2)
+        await trio.sleep(1)
+        log.marks.fail("bad", SessionError("session 'bad': the disk is gone"))
+        log.commit("good", 2)
+        await trio.sleep(1)
+        assert bad.seqs == [0, 1]
+        assert len(bad.failures) == 1 and "disk is gone" in bad.failures[0]
+        assert "'bad'" in bad.failures[0]
+        assert good.seqs == [0, 1] and not good.failures
+        assert fanout.feeds == 1  # the failed feed ended
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_bug_in_one_feed_ends_that_feed_only(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = _Log()
+    async with trio.open_nursery() as nursery:
+        fanout = await _running(log, nursery)
+        broken, beside, other = _Subscriber(broken=True), _Subscriber(), _Subscriber()
+        fanout.attach("x", 0, broken)
+        fanout.attach("x", 0, beside)
+        fanout.attach("y", 0, other)
+        log.commit("x")
+        log.commit("y")
+        await trio.sleep(1)
+        assert beside.failures == broken.failures == ["session 'x': the gateway's feed failed"]
+        assert other.seqs == [0]
+        log.commit("y")
+        await trio.sleep(1)
+        assert other.seqs == [0, 1] and fanout.feeds == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_detached_subscriber_gets_nothing_more_and_an_empty_feed_ends(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = _Log()
+    async with trio.open_nursery() as nursery:
+        fanout = await _running(log, nursery)
+        subscriber = _Subscriber()
+        fanout.attach("s", 0, subscriber)
+        log.commit("s")
+        await trio.sleep(1)
+        fanout.detach("s", subscriber)
+        assert fanout.feeds == 0
+        log.commit("s")
+        await trio.sleep(1)
+        assert subscriber.seqs == [0]
+        nursery.cancel_scope.cancel()
+    assert log.marks._listeners == []  # the pump's listener closed with it
