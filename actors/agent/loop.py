@@ -150,20 +150,22 @@ class AgentLoop:
         self._resumed = len(self.session) > 0
 
     def hibernate(self) -> None:
-        """Drop what only the last turn needed (its header, message, projection), until `woke`.
+        """Drop what only the last turn needed (its message, projection, header), until `woke`.
 
         Called once the session hibernated: what is dropped is re-derived
         from the log on wake, so nothing a later step sends changes.
         """
         self._hibernated = True
-        self._last_header = None
+        if self._last_header is not self._built_header:  # the reused one is kept anyway
+            self._last_header = None
         self.turn_message = None
         self._projection = None
 
     def woke(self) -> None:
         """Re-derive, from the woken session, what `hibernate` dropped; a no-op when awake."""
         if self._hibernated:
-            self._last_header = self.session.header()
+            if self._last_header is None:
+                self._last_header = self.session.header()
             self._hibernated = False
 
     def statistics(self) -> LoopStatistics:
