@@ -163,7 +163,10 @@ class Runtime:
         (e.g. to shadow `deployment:persona` in the child's scope). After a crash
         the child restarts over the same session: the interrupted turn is
         closed `interrupted` and the next request logs a `resume` header.
-        `child.value` is the current incarnation's `Agent`.
+        `child.value` is the current incarnation's `Agent`. An agent with no
+        subagent providers is a hosted child (`HostedChildSpec`): it holds no
+        task while idle, its turns run in the supervisor's nursery, and it
+        keeps its session's lease until it is stopped (`Agent.shutdown`).
 
         Cancellation: cancellable while the agent starts (nothing is kept).
 
