@@ -142,6 +142,7 @@ class ProviderActor:
         )
         async with open_http_client(settings) as client, trio.open_nursery() as nursery:
             provider = self.factory(client)
+            nursery.start_soon(admission.watch)
             self._jobs_send = send
             try:
                 task_status.started()
@@ -179,10 +180,7 @@ class ProviderActor:
                 with job.cancel_scope:
                     self._in_flight += 1
                     try:
-                        async with trio.open_nursery() as watch:
-                            watch.start_soon(ticket.watch)
-                            outcome = await self._pump(provider, job, ticket)
-                            watch.cancel_scope.cancel()
+                        outcome = await self._pump(provider, job, ticket)
                     finally:
                         self._in_flight -= 1
         finally:

@@ -21,6 +21,10 @@ bounded by the adapter's own clocks (read-idle, no-data, deadline).
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
+
 import attrs
 import trio
 
@@ -55,8 +59,9 @@ class Admission:
     """Admits requests under a cap on progressing ones, with a budget for stalled ones.
 
     One task admits (`acquire`); each admitted request holds a `Ticket`,
-    reports its chunks with `Ticket.progressed()`, runs `Ticket.watch()` in a
-    task beside it and calls `Ticket.release()` when it ends.
+    reports its chunks with `Ticket.progressed()` and calls
+    `Ticket.release()` when it ends; one task beside them all runs `watch()`,
+    which sets requests aside as they stall.
     """
 
     max_in_flight: int
@@ -68,6 +73,10 @@ class Admission:
         factory=trio.lowlevel.ParkingLot, init=False
     )
     _budget_waiters: set[Ticket] = attrs.field(factory=set, init=False)
+    # When each progressing ticket is next due a stall check: (due, tie-break, ticket).
+    _due: list[tuple[float, int, Ticket]] = attrs.field(factory=list, init=False)
+    _pushes: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
+    _wait: trio.CancelScope | None = attrs.field(default=None, init=False)
 
     @property
     def progressing(self) -> int:
@@ -101,7 +110,49 @@ class Admission:
         """
         await self.wait_slot()
         self._progressing += 1
-        return Ticket(admission=self, last_progress=trio.current_time())
+        now = trio.current_time()
+        ticket = Ticket(admission=self, last_progress=now)
+        self._schedule(ticket, now + self.policy.stall_after)
+        return ticket
+
+    async def watch(self) -> None:
+        """Set each admitted request aside whenever it goes `stall_after` seconds without a chunk.
+
+        Runs until cancelled, in one task beside the requests (see the
+        module docstring for what setting aside does). It sleeps until the
+        earliest check is due, so it costs nothing per chunk and one heap
+        entry per admitted request.
+        """
+        while True:
+            self._expire(trio.current_time())
+            with trio.CancelScope(deadline=self._due[0][0] if self._due else math.inf) as wait:
+                self._wait = wait
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    self._wait = None
+
+    def _schedule(self, ticket: Ticket, due: float) -> None:
+        """Check `ticket` for a stall at `due` (waking the watcher earlier if need be)."""
+        heapq.heappush(self._due, (due, next(self._pushes), ticket))
+        wait = self._wait
+        if wait is not None and due < wait.deadline:
+            wait.deadline = due
+
+    def _expire(self, now: float) -> None:
+        """Run the checks due by `now`."""
+        due = self._due
+        while due and due[0][0] <= now:
+            heapq.heappop(due)[2]._check(now)
+
+    def _forget_released(self) -> None:
+        """Drop released tickets' checks from the front, so the watcher does not wake for them."""
+        due = self._due
+        while due and due[0][2].released:
+            heapq.heappop(due)
+        wait = self._wait
+        if wait is not None:
+            wait.deadline = due[0][0] if due else math.inf
 
     def _free_slot(self) -> None:
         self._progressing -= 1
@@ -111,8 +162,10 @@ class Admission:
     def _free_budget(self) -> None:
         self._stalled -= 1
         waiters, self._budget_waiters = self._budget_waiters, set()
+        now = trio.current_time()
         for ticket in waiters:
-            ticket._wake()
+            # Checked again at once: the first to be checked takes the free place.
+            self._schedule(ticket, now)
 
     def _set_aside(self, ticket: Ticket) -> bool:
         if self._stalled >= self.policy.max_stalled:
@@ -130,60 +183,52 @@ class Admission:
 
 @attrs.define(eq=False)
 class Ticket:
-    """One admitted request's place: progressing, or set aside while it stalls."""
+    """One admitted request's place: progressing, or set aside while it stalls.
+
+    A progressing ticket has one stall check due in its admission's watcher
+    (at `last_progress + stall_after`, or later); a stalled one, or one
+    waiting for a place in the full stall budget, has none until it
+    progresses or a place frees up.
+    """
 
     admission: Admission
     last_progress: float
     stalled: bool = attrs.field(default=False, init=False)
     released: bool = attrs.field(default=False, init=False)
-    _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     def progressed(self) -> None:
         """Note a chunk: restarts the stall clock; a set-aside request progresses again."""
-        self.last_progress = trio.current_time()
+        now = self.last_progress = trio.current_time()
+        admission = self.admission
         if self.stalled:
             self.stalled = False
-            self.admission._resume()
-            self._wake()
-
-    async def watch(self) -> None:
-        """Set the request aside whenever it goes `stall_after` seconds without a chunk.
-
-        Runs until cancelled (the request's task cancels it as the request
-        ends); it only sleeps until the stall would be due and then waits for
-        a change, so it costs nothing per chunk.
-        """
-        admission = self.admission
-        stall_after = admission.policy.stall_after
-        while True:
-            due = self.last_progress + stall_after
-            if self.stalled or trio.current_time() < due:
-                if self.stalled:
-                    await self._wait_change()
-                else:
-                    await trio.sleep_until(due)
-                continue
-            if not admission._set_aside(self):
-                # The budget is full: hold the slot until a place frees up or a chunk comes.
-                await self._wait_change()
-                admission._budget_waiters.discard(self)
-                continue
-            self.stalled = True
+            admission._resume()
+            admission._schedule(self, now + admission.policy.stall_after)
+        elif self in admission._budget_waiters:
+            admission._budget_waiters.discard(self)
+            admission._schedule(self, now + admission.policy.stall_after)
 
     def release(self) -> None:
         """The request ended: free its slot or its budget place. Idempotent."""
         if self.released:
             return
         self.released = True
-        self.admission._budget_waiters.discard(self)
+        admission = self.admission
+        admission._budget_waiters.discard(self)
         if self.stalled:
-            self.admission._free_budget()
+            admission._free_budget()
         else:
-            self.admission._free_slot()
+            admission._free_slot()
+        admission._forget_released()
 
-    async def _wait_change(self) -> None:
-        await self._changed.wait()
-        self._changed = trio.Event()
-
-    def _wake(self) -> None:
-        self._changed.set()
+    def _check(self, now: float) -> None:
+        """The watcher's check, due now: set the request aside if it stalled."""
+        admission = self.admission
+        if self.released or self.stalled or self in admission._budget_waiters:
+            return
+        due = self.last_progress + admission.policy.stall_after
+        if due > now:
+            admission._schedule(self, due)
+        elif admission._set_aside(self):
+            self.stalled = True
+        # Otherwise the budget is full: it waits among `_budget_waiters`, holding its slot.

@@ -17,7 +17,7 @@ The client is a `ProviderClient`: an `httpx.AsyncClient` that names the
 transport it was built with, so a provider adapter can hand each request
 straight to that transport (`httpx.AsyncBaseTransport.handle_async_request`)
 and skip the client's per-request layers (auth, redirects, cookies, event
-hooks), about a third of httpx's CPU per request. With the defaults
+hooks), about a quarter of httpx's CPU per request. With the defaults
 (`http2=False`, `pools=1`) that transport is one `httpx.AsyncHTTPTransport`
 with the given limits, which is what `httpx.AsyncClient(limits=...)` builds;
 when the environment names a proxy (`HTTP_PROXY` and the like, which httpx

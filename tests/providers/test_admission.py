@@ -222,3 +222,29 @@ def test_the_budget_bounds_open_and_stalled_requests_and_every_request_finishes(
     assert (stats.in_flight, stats.stalled, stats.queued) == (0, 0, 0)
     assert provider.worst_stalled <= max_stalled
     assert provider.worst_open <= max_in_flight + max_stalled
+
+
+async def test_the_stall_watcher_keeps_no_checks_for_finished_requests(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    provider = SometimesStalls()
+    actor = ProviderActor(
+        name="p", factory=lambda client: provider, stall=StallPolicy(stall_after=1.0)
+    )
+    times: list[float] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        admission = actor._admission
+        assert admission is not None
+        for _ in range(5):  # one at a time: each check is dropped as its request ends
+            await _finish_time(actor, "healthy", times)
+            await trio.testing.wait_all_tasks_blocked()  # the job's task releases its ticket
+            assert admission._due == []
+        async with trio.open_nursery() as callers:
+            for _ in range(10):
+                callers.start_soon(_finish_time, actor, "healthy", times)
+        await trio.sleep(1.5)  # any check left behind has come due and gone
+        assert admission._due == []
+        assert actor.statistics().stalls == 0
+        nursery.cancel_scope.cancel()
+    assert len(times) == 15
