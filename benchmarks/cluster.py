@@ -15,9 +15,11 @@ binaries, durable settings, a loopback port, stopped by its PID):
 - **failover** (node launchers only): sessions run tool-calling turns
   continuously (the chaos test's `chaos_step`, 0.2 s each); one node is
   `kill -9`ed; for each session it held, the time from the kill to that
-  session's next `step/end` in the log (the gateway notices the death after
-  the 5 s heartbeat timeout, the new owner takes the lease over once it
-  expires, and the turn is retried there).
+  session's next `step/end` in the log (the gateway sees the node's stream
+  drop at once and sends the calls to the next owner, which takes each
+  lease over once it expires: a node's leases last as long as its 5 s
+  heartbeat timeout; the cut-off step is closed there and the turn run
+  again).
 
 Launchers are entries of `LAUNCHERS`: a name and an async context manager
 that starts the harness processes and yields a `Cluster` (gateway `url`

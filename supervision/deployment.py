@@ -274,10 +274,13 @@ async def open_deployment(
     store_path: str | None = None,
     root: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    store: SessionStore | None = None,
 ) -> AsyncIterator[Deployment]:
     """Start what `config` describes and yield the running `Deployment`.
 
-    `store_path` overrides `[store] path` and `url`; `root` is the workspace directory
+    `store_path` overrides `[store] path` and `url`; `store` is the session
+    store itself, built by the caller from `[store]` (a cluster node sets its
+    lease length and owner name); `root` is the workspace directory
     (default: the working directory); `environ` the environment secrets are
     read from (default: the process's).
 
@@ -291,7 +294,8 @@ async def open_deployment(
     environment = resolve_environment(config, environ)
     url = None if store_path else config.store.url
     path = store_path or config.store.path
-    store = session_store(path, url)
+    if store is None:
+        store = session_store(path, url)
     async with trio.open_nursery() as nursery:
         providers: dict[str, Provider] = {}
         for name, provider in config.providers.items():

@@ -531,7 +531,9 @@ class Supervisor:
 
         The child's start function runs in the caller's task until it calls
         `started` (a hosted child's: until it returns), so cancelling the
-        caller before then cancels the start.
+        caller before then cancels the start. Under `one_for_one`
+        (independent children) starts run side by side; the other strategies
+        start one child at a time.
 
         Raises:
             NotRunningError: the supervisor does not run.
@@ -539,28 +541,41 @@ class Supervisor:
             ChildStartError: the start function raised before `started`
                 (the child is not kept).
         """
+        if self.strategy != "one_for_one":
+            async with self._lock:
+                return await self._add_and_start(spec)
+        # One for one: children are independent, so one child's (slow) start never holds
+        # up another's, nor a restart or a termination of another child.
         async with self._lock:
-            self._check_running()
-            if any(child.id == spec.id for child in self._children):
-                raise DuplicateChildError(
-                    f"supervisor {self.name!r} already has a child {spec.id!r}"
-                )
-            child: Child[T] = Child(spec=spec, supervisor=self.name)
-            self._children.append(child)
-            started = False
-            try:
-                await self._start_incarnation(child)
-                started = True
-            except BaseException as exc:  # a failed start is the child's failure
-                if must_propagate(exc):
-                    raise
-                raise ChildStartError(
-                    f"child {spec.id!r} of supervisor {self.name!r} failed to start: {exc!r}"
-                ) from exc
-            finally:
-                if not started:
-                    self._abandon(child)
-            return child
+            child = self._add(spec)
+        return await self._start_added(child)
+
+    def _add(self, spec: ChildSpec[T] | HostedChildSpec[T]) -> Child[T]:
+        self._check_running()
+        if any(child.id == spec.id for child in self._children):
+            raise DuplicateChildError(f"supervisor {self.name!r} already has a child {spec.id!r}")
+        child: Child[T] = Child(spec=spec, supervisor=self.name)
+        self._children.append(child)
+        return child
+
+    async def _add_and_start(self, spec: ChildSpec[T] | HostedChildSpec[T]) -> Child[T]:
+        return await self._start_added(self._add(spec))
+
+    async def _start_added(self, child: Child[T]) -> Child[T]:
+        started = False
+        try:
+            await self._start_incarnation(child)
+            started = True
+        except BaseException as exc:  # a failed start is the child's failure
+            if must_propagate(exc):
+                raise
+            raise ChildStartError(
+                f"child {child.id!r} of supervisor {self.name!r} failed to start: {exc!r}"
+            ) from exc
+        finally:
+            if not started:
+                self._abandon(child)
+        return child
 
     async def terminate_child(self, child_id: str) -> ChildExit:
         """Stop the child `child_id` (cancelling it) and remove it; it is not restarted.

@@ -6,20 +6,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.postgres import PostgresServer, PostgresUnavailable
+from tests.postgres import PostgresServer, running_postgres
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """One PostgreSQL server for the whole run, started on first use and stopped by PID."""
-    try:
-        server = PostgresServer.start()
-    except PostgresUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
+    with running_postgres() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

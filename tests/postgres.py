@@ -20,10 +20,13 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
 import psycopg
+import pytest
 
 _SEARCH_DIRS = ("/usr/lib/postgresql/*/bin",)
 _START_TIMEOUT_SECONDS = 30.0
@@ -172,3 +175,16 @@ class PostgresServer:
 
     def _log(self) -> str:
         return (self.root / "server.log").read_text(errors="replace")
+
+
+@contextmanager
+def running_postgres() -> Iterator[PostgresServer]:
+    """A started server, stopped by PID on exit; skips the test when PostgreSQL is unavailable."""
+    try:
+        server = PostgresServer.start()
+    except PostgresUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield server
+    finally:
+        server.stop()

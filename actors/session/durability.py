@@ -100,6 +100,9 @@ class DurableMarks:
 class DurableChanges:
     """The sessions whose durable mark advanced (or whose appends failed) since the last `take`.
 
+    Sessions come out in the order they were first reported since then, so
+    a reader handling them in turn follows the order of their commits.
+
     Opened with `DurableMarks.changes()` (or a store's `durable_changes()`).
     Advances are never lost between a `take` and the next `wait`: they
     accumulate in the set. A session may be reported although its mark did
@@ -108,21 +111,21 @@ class DurableChanges:
     """
 
     marks: DurableMarks
-    _changed: set[str] = attrs.field(factory=set, init=False)
+    _changed: dict[str, None] = attrs.field(factory=dict, init=False)
     _wakeup: trio.Event | None = attrs.field(default=None, init=False)
 
     def note(self, session_id: str) -> None:
         """Report `session_id` as changed (the marks do this; a reader may too, to re-check it)."""
-        self._changed.add(session_id)
+        self._changed[session_id] = None
         wakeup = self._wakeup
         if wakeup is not None:
             self._wakeup = None
             wakeup.set()
 
-    def take(self) -> set[str]:
-        """The sessions reported since the last `take`, removed."""
-        changed, self._changed = self._changed, set()
-        return changed
+    def take(self) -> list[str]:
+        """The sessions reported since the last `take`, removed, in the order first reported."""
+        changed, self._changed = self._changed, {}
+        return list(changed)
 
     async def wait(self) -> None:
         """Return once a session was reported (without taking it).

@@ -132,6 +132,12 @@ class WriterSettings(Protocol):
         """Seconds a lease outlives its last renewal; the writer renews every third of it."""
         ...
 
+    @property
+    def lease_lost(self) -> Callable[[str], None] | None:
+        """Called with a session id, in the writer's task, when the writer learns that
+        another writer took over this store's lease on it (a refused commit or renewal)."""
+        ...
+
 
 class WriterLink(Protocol):
     """A store's writer connection, as the writer actor drives it: one call at a time.
@@ -495,18 +501,22 @@ class GroupCommitter:
         try:
             task_status.started()
             while True:
+                batch: list[PendingAppend] = []
                 with trio.move_on_at(next_renewal if self._held else math.inf):
                     first = await receive.receive()
                     batch = [r for r in (first, *_drain(receive)) if r is not None]
-                    # A taken batch is always written: the thread cannot be
-                    # interrupted anyway, and dropping it would lose accepted events.
-                    if batch:
-                        with trio.CancelScope(shield=True):
-                            await self._commit(link, batch)
                 if self._held and trio.current_time() >= next_renewal:
+                    # Renewals come before a commit that is due with them: a writer
+                    # that did not run for a while (stopped, starved) learns which
+                    # leases it lost before it writes anything more.
                     with trio.CancelScope(shield=True):
                         await self._renew(link)
                     next_renewal = trio.current_time() + renew_every
+                # A taken batch is always written: the thread cannot be
+                # interrupted anyway, and dropping it would lose accepted events.
+                if batch:
+                    with trio.CancelScope(shield=True):
+                        await self._commit(link, batch)
         finally:
             # Stop accepting first: taking what is left also admits the
             # appenders blocked on the full channel, and closing makes later
@@ -526,7 +536,16 @@ class GroupCommitter:
         except link.failures as exc:
             error = SessionError(f"{self.label}: could not commit {_describe(batch)}: {exc}")
             error.__cause__ = exc
-            self._resolve(batch, {request.session_id: error for request in batch})
+            if self._held:
+                # Which of these sessions did this writer lose meanwhile (it may have
+                # stalled in the commit)? Those fail as fenced, not as lost events.
+                await self._renew(link)
+            failures: dict[str, SessionError] = {}
+            for request in batch:
+                known = self._broken.get(request.session_id)
+                lost = isinstance(known, SessionFencedError) and request.epoch is not None
+                failures[request.session_id] = known if lost and known is not None else error
+            self._resolve(batch, failures)
             return
         self._resolve(
             batch, {sid: self._refusal_error(sid, batch, r) for sid, r in refusals.items()}
@@ -592,6 +611,7 @@ class GroupCommitter:
                 self._failed_appends += 1
                 if isinstance(error, SessionFencedError):
                     self._fenced_appends += 1
+                    self._lost(request.session_id, request.epoch, error)
                 self._broken.setdefault(request.session_id, error)
                 self._marks.fail(request.session_id, error)
         if committed:
@@ -614,17 +634,35 @@ class GroupCommitter:
             return
         for lease in lost:
             if self._held.get(lease.session_id) == lease:
-                del self._held[lease.session_id]
-                self._broken.setdefault(
-                    lease.session_id,
-                    SessionFencedError(
-                        f"{self.label}: session {lease.session_id!r}: the write lease of epoch "
-                        f"{lease.epoch} was taken over by another writer; this store's writes "
-                        "to it are refused",
-                        session_id=lease.session_id,
-                        epoch=lease.epoch,
-                    ),
+                fenced = SessionFencedError(
+                    f"{self.label}: session {lease.session_id!r}: the write lease of epoch "
+                    f"{lease.epoch} was taken over by another writer; this store's writes "
+                    "to it are refused",
+                    session_id=lease.session_id,
+                    epoch=lease.epoch,
                 )
+                self._lost(lease.session_id, lease.epoch, fenced)
+                self._marks.fail(lease.session_id, fenced)
+
+    def _lost(self, session_id: str, epoch: int | None, error: SessionFencedError) -> None:
+        """The held lease of `epoch` on `session_id` was taken over: stop holding it,
+        break the session as fenced and tell the store's owner (once per lease).
+
+        A failed commit before (one the server ended while this writer
+        stalled) was a stale writer's too: the session counts as fenced.
+        """
+        held = self._held.get(session_id)
+        if held is None or held.epoch != epoch:
+            return  # not the lease held now (released, or an older one's late refusal)
+        del self._held[session_id]
+        self._broken[session_id] = error
+        lease_lost = self.settings.lease_lost
+        if lease_lost is not None:
+            lease_lost(session_id)
+
+    def holds_lease(self, lease: Lease) -> bool:
+        """True while this store holds `lease`: taken, not released, not known lost."""
+        return self._held.get(lease.session_id) == lease
 
 
 def encode_rows(session_id: str, start: int, events: Sequence[Event]) -> list[Row]:

@@ -104,12 +104,18 @@ class SessionBusyError(SessionError):
     Attributes:
         session_id: the session.
         holder: the current holder's owner string.
+        retry_after: seconds until trying again makes sense (the holder's
+            lease runs out then, by the store's clock, unless it is renewed);
+            None when the store cannot tell.
     """
 
-    def __init__(self, message: str, *, session_id: str, holder: str) -> None:
+    def __init__(
+        self, message: str, *, session_id: str, holder: str, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.session_id = session_id
         self.holder = holder
+        self.retry_after = retry_after
 
 
 class SessionFencedError(SessionError):

@@ -82,6 +82,14 @@ from actors.session.store import SessionExistsError, UnknownSessionError
 CONNECT_TIMEOUT_SECONDS = 10
 """How long opening a connection may take before it fails."""
 
+LEASE_LOCK_WAIT_SECONDS = 0.2
+"""How long taking a lease waits for its row's lock (`lock_timeout`): a lease whose row a
+commit holds is then refused as busy, so a writer stalled inside a commit never holds up
+the read connections of another process."""
+
+BUSY_LOCKED_RETRY_SECONDS = 0.5
+"""The `retry_after` of a lease refused because a commit held its row."""
+
 MAX_READ_CONNECTIONS = 4
 """Read connections a store uses at once (more callers wait their turn), and keeps
 open between calls while the writer runs: a node resuming hundreds of sessions at
@@ -185,6 +193,10 @@ class PostgresStore:
     """Who this store's leases name when `acquire_lease` is given no owner (default: the
     process, `pid N on host 'H'`); a cluster node names itself, so callers refused as busy
     learn which node holds the session."""
+    lease_lost: Callable[[str], None] | None = attrs.field(default=None, kw_only=True)
+    """Called with a session id, in the writer's task, when the writer learns that another
+    writer took over this store's lease on it (a refused commit or renewal); the session's
+    appends here fail from then on. It must not block: a node drops the session."""
     _schema_ready: bool = attrs.field(default=False, init=False)
     _idle: list[_Connection] = attrs.field(factory=list, init=False)
     _readers: trio.CapacityLimiter = attrs.field(
@@ -320,7 +332,17 @@ class PostgresStore:
 
         def take(connection: _Connection) -> Lease:
             params = {"session_id": session_id, "owner": holder, "ttl": self.lease_ttl}
-            row = connection.execute(_TAKE_LEASE.encode(), params).fetchone()
+            try:
+                with connection.transaction():
+                    # The holder's commit in flight share-locks the row (a stalled one
+                    # until the server ends it): wait `LEASE_LOCK_WAIT_SECONDS` at most.
+                    connection.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        (str(max(1, round(LEASE_LOCK_WAIT_SECONDS * 1000))),),
+                    )
+                    row = connection.execute(_TAKE_LEASE.encode(), params).fetchone()
+            except psycopg.errors.LockNotAvailable:
+                raise self._busy_error(connection, session_id, locked=True) from None
             if row is None:
                 raise self._busy_error(connection, session_id)
             return Lease(
@@ -330,6 +352,11 @@ class PostgresStore:
         lease = await self._run(take, f"take the write lease of session {session_id!r}")
         self._writer.lease_taken(lease)
         return lease
+
+    def holds_lease(self, lease: Lease) -> bool:
+        """True while this store holds `lease`: taken, not released, and not found taken
+        over by a refused commit or a renewal."""
+        return self._writer.holds_lease(lease)
 
     async def release_lease(self, lease: Lease) -> None:
         """Give `lease` up so another writer may take the session at once.
@@ -450,19 +477,39 @@ class PostgresStore:
                     else:
                         connection.close()
 
-    def _busy_error(self, connection: _Connection, session_id: str) -> SessionError:
+    def _busy_error(
+        self, connection: _Connection, session_id: str, *, locked: bool = False
+    ) -> SessionError:
         rows = connection.execute(_LEASE_ROWS.encode(), ([session_id],)).fetchall()
+        if not rows and locked:
+            return SessionBusyError(
+                f"{self._label}: session {session_id!r} is busy: another writer is taking "
+                "its lease at this moment; try again",
+                session_id=session_id,
+                holder="another writer taking the lease",
+                retry_after=BUSY_LOCKED_RETRY_SECONDS,
+            )
         if not rows:
             return SessionError(
                 f"{self._label}: the lease of session {session_id!r} changed hands while "
                 "being taken; try again"
             )
         _, owner, epoch, expires_ms, now_ms = rows[0]
+        holder = describe_holder(str(owner), int(epoch), int(expires_ms), int(now_ms))
+        if locked:
+            return SessionBusyError(
+                f"{self._label}: session {session_id!r} is busy: a commit of its writer "
+                f"holds the lease row ({holder}); try again",
+                session_id=session_id,
+                holder=str(owner),
+                retry_after=BUSY_LOCKED_RETRY_SECONDS,
+            )
         return SessionBusyError(
             f"{self._label}: session {session_id!r} is busy: another live writer holds it: "
-            f"{describe_holder(str(owner), int(epoch), int(expires_ms), int(now_ms))}",
+            f"{holder}",
             session_id=session_id,
             holder=str(owner),
+            retry_after=max(0.0, (int(expires_ms) - int(now_ms)) / 1000),
         )
 
     # Blocking database work; each runs in a worker thread.
@@ -479,14 +526,13 @@ class PostgresStore:
         except psycopg.Error as exc:
             raise SessionError(f"{self._label}: cannot connect: {exc}") from exc
         try:
-            if role == "writer":
-                # A writer stalled inside a commit (SIGSTOP, a paused VM) holds share
-                # locks on lease rows, which would hold up every takeover until it
-                # resumed; the server ends such a transaction after one lease length.
-                connection.execute(
-                    "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                    (str(max(1, round(self.lease_ttl * 1000))),),
-                )
+            # A process stalled inside a transaction (SIGSTOP, a paused VM) holds its
+            # locks (a writer's share locks on lease rows would hold up every takeover)
+            # until it resumed; the server ends such a transaction after one lease length.
+            connection.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                (str(max(1, round(self.lease_ttl * 1000))),),
+            )
             # A benign race: two first connections may both run the (locked) setup.
             if not self._schema_ready:
                 ensure_schema(connection, self._label)
@@ -520,7 +566,23 @@ class _WriterConnection:
         self.store._reconnects += 1
 
     async def commit(self, groups: list[SessionRows]) -> dict[str, Refusal]:
-        return await trio.to_thread.run_sync(_insert_batch, self.connection, groups)
+        """`_insert_batch`; once more on a new connection when the old one broke before
+        the commit was sent (nothing was written: the transaction is gone with it).
+
+        That is the server ending a transaction left idle while this process
+        stalled (`idle_in_transaction_session_timeout`): the batch's checks run
+        again, so a session taken over meanwhile is refused as fenced.
+        """
+        try:
+            return await trio.to_thread.run_sync(_insert_batch, self.connection, groups)
+        except _RolledBack as exc:
+            if not self.connection.broken and not self.connection.closed:
+                raise exc.error from None
+        await self.prepare()
+        try:
+            return await trio.to_thread.run_sync(_insert_batch, self.connection, groups)
+        except _RolledBack as exc:
+            raise exc.error from None
 
     async def renew(self, leases: list[Lease]) -> list[Lease]:
         return await trio.to_thread.run_sync(
@@ -573,6 +635,14 @@ def _select_events(connection: _Connection, session_id: str, label: str) -> list
     return parsed
 
 
+class _RolledBack(Exception):
+    """A batch failed before its commit was sent: nothing of it was written."""
+
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _insert_batch(connection: _Connection, groups: list[SessionRows]) -> dict[str, Refusal]:
     """Insert every admissible group in one transaction; the refused ones, by session.
 
@@ -580,58 +650,78 @@ def _insert_batch(connection: _Connection, groups: list[SessionRows]) -> dict[st
     check and the insert. Rows that conflict with rows another writer
     committed meanwhile refuse their whole session (its inserted rows are
     deleted again before the commit). Any database error rolls the whole
-    transaction back and propagates.
+    transaction back and propagates: as `_RolledBack` when it came before
+    the commit was sent, as itself when the commit's outcome is unknown.
     """
     if not groups:
         return {}
     refused: dict[str, Refusal] = {}
     session_ids = [group.session_id for group in groups]
-    with connection.transaction():
-        leases: dict[str, LeaseRow] = {
-            str(sid): (None if owner is None else str(owner), int(epoch), int(expires), int(now))
-            for sid, owner, epoch, expires, now in connection.execute(
-                (_LEASE_ROWS + " ORDER BY session_id FOR SHARE").encode(), (session_ids,)
-            )
-        }
-        stored = {
-            str(sid): int(next_seq)
-            for sid, next_seq in connection.execute(_NEXT_SEQS.encode(), (session_ids,))
-        }
-        admitted: list[SessionRows] = []
-        for group in groups:
-            why = refusal(group, leases.get(group.session_id), stored.get(group.session_id, 0))
-            if why is None:
-                admitted.append(group)
-            else:
-                refused[group.session_id] = why
-        rows = [row for group in admitted for row in group.rows]
-        if rows:
-            columns = [list(column) for column in zip(*rows, strict=True)]
-            written = {
-                (str(sid), int(seq))
-                for sid, seq in connection.execute(_INSERT_ROWS.encode(), columns)
-            }
-            taken_back: list[tuple[str, int]] = []
-            for group in admitted:
-                inserted = [(sid, seq) for sid, seq, *_ in group.rows if (sid, seq) in written]
-                if len(inserted) < len(group.rows):
-                    taken_back.extend(inserted)
-                    refused[group.session_id] = (
-                        "conflict",
-                        "another writer committed some of these seqs meanwhile",
-                        "",
-                    )
-            if taken_back:
-                sids, seqs = zip(*taken_back, strict=True)
-                connection.execute(_TAKE_BACK.encode(), (list(sids), list(seqs)))
+    body_done = False
+    try:
+        with connection.transaction():
+            _insert_groups(connection, groups, session_ids, refused)
+            body_done = True
+    except psycopg.Error as exc:
+        if body_done:
+            raise  # the commit itself failed: whether it took is unknown
+        raise _RolledBack(exc) from exc
     return refused
+
+
+def _insert_groups(
+    connection: _Connection,
+    groups: list[SessionRows],
+    session_ids: list[str],
+    refused: dict[str, Refusal],
+) -> None:
+    """The body of `_insert_batch`'s transaction: check, insert, take back; `refused` filled."""
+    leases: dict[str, LeaseRow] = {
+        str(sid): (None if owner is None else str(owner), int(epoch), int(expires), int(now))
+        for sid, owner, epoch, expires, now in connection.execute(
+            (_LEASE_ROWS + " ORDER BY session_id FOR SHARE").encode(), (session_ids,)
+        )
+    }
+    stored = {
+        str(sid): int(next_seq)
+        for sid, next_seq in connection.execute(_NEXT_SEQS.encode(), (session_ids,))
+    }
+    admitted: list[SessionRows] = []
+    for group in groups:
+        why = refusal(group, leases.get(group.session_id), stored.get(group.session_id, 0))
+        if why is None:
+            admitted.append(group)
+        else:
+            refused[group.session_id] = why
+    rows = [row for group in admitted for row in group.rows]
+    if rows:
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        written = {
+            (str(sid), int(seq)) for sid, seq in connection.execute(_INSERT_ROWS.encode(), columns)
+        }
+        taken_back: list[tuple[str, int]] = []
+        for group in admitted:
+            inserted = [(sid, seq) for sid, seq, *_ in group.rows if (sid, seq) in written]
+            if len(inserted) < len(group.rows):
+                taken_back.extend(inserted)
+                refused[group.session_id] = (
+                    "conflict",
+                    "another writer committed some of these seqs meanwhile",
+                    "",
+                )
+        if taken_back:
+            sids, seqs = zip(*taken_back, strict=True)
+            connection.execute(_TAKE_BACK.encode(), (list(sids), list(seqs)))
 
 
 def _insert_batch_and_close(
     connection: _Connection, groups: list[SessionRows]
 ) -> dict[str, Refusal]:
     with connection:
-        return _insert_batch(connection, groups)
+        try:
+            return _insert_batch(connection, groups)
+        except _RolledBack as exc:
+            raise exc.error from None
 
 
 def _renew_leases(connection: _Connection, leases: list[Lease], ttl: float) -> list[Lease]:

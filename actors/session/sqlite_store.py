@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
 
@@ -129,6 +129,10 @@ class SQLiteStore:
         default=DEFAULT_LEASE_TTL_SECONDS, kw_only=True, validator=attrs.validators.gt(0)
     )
     wall_clock: WallClockMs = attrs.field(default=wall_clock_ms, kw_only=True)
+    lease_lost: Callable[[str], None] | None = attrs.field(default=None, kw_only=True)
+    """Called with a session id, in the writer's task, when the writer learns that another
+    writer took over this store's lease on it (a refused commit or renewal); the session's
+    appends here fail from then on. It must not block: a node drops the session."""
     _schema_ready: bool = attrs.field(default=False, init=False)
     _writer: GroupCommitter = attrs.field(init=False)
 
@@ -414,6 +418,7 @@ class SQLiteStore:
                         f"writer holds it: {holder}",
                         session_id=session_id,
                         holder=row[0],
+                        retry_after=(row[2] - now) / 1000,
                     )
                 lease = Lease(
                     session_id=session_id,

@@ -41,14 +41,16 @@ from hypercorn.config import Config
 from hypercorn.typing import ASGIFramework
 
 from actors.providers.simulator import (
+    RecordedRequest,
     SimRequest,
     SimResponse,
     SimulatorApp,
     SimulatorConfig,
     SimulatorEngine,
 )
-from actors.providers.simulator.faults import Fault, FaultPlan
+from actors.providers.simulator.faults import Fault
 from actors.providers.simulator.tokens import render_message
+from actors.providers.simulator.validation import Chat
 
 STATS_PATH = "/_bench/stats"
 RESET_PATH = "/_bench/reset"
@@ -135,16 +137,6 @@ BODY_WRITE_BYTES = 1 << 20
 """The size of the benchmark simulator's body writes: larger than any reply it gives."""
 
 
-class _WholeBodyFaults(FaultPlan):
-    """A fault plan whose requests (faulted or not) write bodies in `BODY_WRITE_BYTES` pieces."""
-
-    def take(self, request_number: int, header: str | None, model: str | None = None) -> Fault:
-        fault = super().take(request_number, header, model)
-        if fault.write_size is not None:
-            return fault
-        return attrs.evolve(fault, write_size=BODY_WRITE_BYTES)
-
-
 class BenchEngine(SimulatorEngine):
     """A simulator engine that also accounts hit ratios against their physical limit.
 
@@ -154,7 +146,6 @@ class BenchEngine(SimulatorEngine):
 
     def __init__(self, config: SimulatorConfig) -> None:
         super().__init__(config)
-        self.faults = _WholeBodyFaults()
         self._counts = {"chat_requests": 0, "prompt_tokens": 0, "hit_tokens": 0, "limit": 0}
 
     def accounting(self) -> BenchAccounting:
@@ -188,6 +179,16 @@ class BenchEngine(SimulatorEngine):
         response = await super().handle(request)
         self._account(request)
         return response
+
+    def _respond(self, record: RecordedRequest, chat: Chat, fault: Fault) -> SimResponse:
+        """Stream the reply with its body written in `BODY_WRITE_BYTES` pieces.
+
+        Only streamed replies are re-cut: a non-streamed body is one write
+        already, and the simulator refuses stream-only faults on it.
+        """
+        if fault.write_size is None:
+            fault = attrs.evolve(fault, write_size=BODY_WRITE_BYTES)
+        return super()._respond(record, chat, fault)
 
     def _account(self, request: SimRequest) -> None:
         record = next((r for r in reversed(self.requests) if r.raw is request.body), None)

@@ -50,6 +50,10 @@ DEAD_AFTER_SECONDS = 5.0
 LEAVE_GRACE_SECONDS = 5.0
 """How long a stopping node spends deleting its row."""
 
+STALL_SLACK_SECONDS = 1.0
+"""A heartbeat that fails this long after its own deadline was stalled (the process did
+not run), not refused: it is tried again with a fresh budget."""
+
 CALL_SECONDS = 5.0
 """The longest one database call may take (connecting included) before it counts as failed."""
 
@@ -167,7 +171,10 @@ class Membership:
         elsewhere) replaces this one: this node's next heartbeat then fails.
         A failed heartbeat (the database is down or unreachable) is retried
         on a new connection with bounded, jittered backoff; the node fails
-        only once it has gone `dead_after` without a heartbeat.
+        only once it has gone `dead_after` without a heartbeat while its
+        attempts failed. A node that simply did not run for longer (stopped,
+        paused, starved) heartbeats again when it wakes, which announces its
+        return; its sessions' leases decide what it may still write.
 
         Cancellation: stops the heartbeats (one in flight finishes first,
         within `CALL_SECONDS`) and deletes this incarnation's row
@@ -184,12 +191,21 @@ class Membership:
             await self._open(link)
             await self._on(link, _register, info)
             task_status.started(info)
-            last_beat = trio.current_time()
+            deadline = trio.current_time() + self.dead_after
             failures = 0
             while True:
-                deadline = last_beat + self.dead_after
                 pause = self.heartbeat_interval if failures == 0 else _backoff(failures)
                 await trio.sleep_until(min(trio.current_time() + pause, deadline))
+                if failures == 0 and trio.current_time() >= deadline:
+                    # No heartbeat failed: the process did not run (SIGSTOP, a paused
+                    # VM, a starved CPU). That is no outage: it beats again now, with
+                    # a full budget, and the beat announces its return.
+                    log.warning(
+                        "node %r: back after %.1f s without running; heartbeating again",
+                        node_id,
+                        trio.current_time() - deadline + self.dead_after,
+                    )
+                    deadline = trio.current_time() + self.dead_after
                 try:
                     with trio.CancelScope(shield=True):
                         left = deadline - trio.current_time()
@@ -200,6 +216,15 @@ class Membership:
                             link, _heartbeat, info, self.dead_after, timeout=left
                         )
                 except MembershipError as exc:
+                    if trio.current_time() - deadline > STALL_SLACK_SECONDS:
+                        # The attempt's own deadline passed long ago: the process did
+                        # not run meanwhile (it was stopped in the middle of the call).
+                        log.warning(
+                            "node %r: back after a stall in a heartbeat; heartbeating again",
+                            node_id,
+                        )
+                        deadline = trio.current_time() + self.dead_after
+                        continue
                     if trio.current_time() >= deadline:
                         raise MembershipError(
                             f"node {node_id!r}: no heartbeat for {self.dead_after:g} s "
@@ -215,7 +240,7 @@ class Membership:
                     )
                 if failures:
                     log.warning("node %r: heartbeating again", node_id)
-                last_beat = trio.current_time()
+                deadline = trio.current_time() + self.dead_after
                 failures = 0
         finally:
             if link.connection is not None:

@@ -4,7 +4,10 @@
 `[store] url`, listens for gateways' node streams (websockets, one per
 gateway, authenticated with the cluster secret), registers in the
 `harness_nodes` table (heartbeat every second, dead five seconds after the
-last) and hosts every session a gateway touches here, until cancelled; when
+last) and hosts every session a gateway touches here, until cancelled. Its
+session leases last as long as its heartbeat (five seconds, renewed every
+third of that), so a node the membership drops loses its sessions to a
+takeover at about the same time. When
 a node joins, the sessions it now owns are released here at their next turn
 boundary (`supervision.cluster.node_rebalance`).
 Each client connection a gateway forwards becomes a virtual connection of
@@ -28,14 +31,15 @@ import trio_websocket
 from actors.session.postgres_store import PostgresStore
 from supervision.cluster.membership import Membership, MembershipView
 from supervision.cluster.node_methods import NODE_METHODS, lease_owner
-from supervision.cluster.node_rebalance import Rebalancer
-from supervision.cluster.wire import EnvelopeError, end_to_gateway, parse, to_gateway
+from supervision.cluster.node_rebalance import Rebalancer, tell_subscribers_moved
+from supervision.cluster.wire import MOVED, EnvelopeError, end_to_gateway, parse, to_gateway
 from supervision.config import MAX_PORT, ConfigError, DeploymentConfig
 from supervision.deployment import Deployment, open_deployment
 from supervision.gateway import AgentProfile, Gateway, Token
 from supervision.gateway.auth import Denial, Principal, authenticate
 from supervision.gateway.connection import CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY
 from supervision.gateway.methods import MethodTable
+from supervision.gateway.protocol import RpcError
 from supervision.gateway.sessions import SessionDirectory
 from supervision.gateway.transport import Framing, TransportClosed
 from supervision.supervisor import SupervisionError
@@ -236,6 +240,35 @@ class NodeStream:
         return transport
 
 
+@attrs.define(eq=False)
+class LostSessions:
+    """Drops the sessions whose lease this node learns it lost (its store's `lease_lost`).
+
+    Another node took the session over (this one stalled past its lease, or
+    was cut off from the database): its prompt in flight here is answered
+    `MOVED` at once (the gateway sends it again, with the same request id,
+    to the new owner), its log subscriptions here are told
+    `_harness/log/moved` (the gateway resumes them there), and its agent is
+    closed (its late writes are refused by fencing anyway).
+    """
+
+    gateway: Gateway
+    nursery: trio.Nursery
+
+    def drop(self, session_id: str) -> None:
+        """Drop `session_id` here as described above (called in the store's writer task)."""
+        error = RpcError(
+            MOVED,
+            f"session {session_id!r} was taken over by another node while this node had it",
+            {"reason": "moved", "sessionId": session_id, "retryAfterMs": 0},
+        )
+        for connection in list(self.gateway.connections):
+            connection.end_prompt(session_id, error)
+        tell_subscribers_moved(self.gateway, session_id)
+        self.nursery.start_soon(self.gateway.directory.close, session_id)
+        log.warning("node lost session %s to another writer; dropped it here", session_id)
+
+
 def node_gateway(
     deployment: Deployment,
     profiles: Mapping[str, AgentProfile],
@@ -298,10 +331,13 @@ async def run_node(
 
     async def host_sessions(task_status: trio.TaskStatus[str]) -> None:
         with trio.CancelScope() as shield:
-            async with open_deployment(config) as deployment:
-                store = deployment.runtime.store
-                if isinstance(store, PostgresStore):
-                    store.lease_owner = lease_owner(node_id)
+            membership = Membership(url)
+            # A node's leases last as long as its heartbeat: when the membership
+            # says it is dead, its sessions can be taken over too.
+            store = PostgresStore(
+                url, lease_ttl=membership.dead_after, lease_owner=lease_owner(node_id)
+            )
+            async with open_deployment(config, store=store) as deployment:
                 gateway: Gateway | None = None
 
                 async def handle(request: trio_websocket.WebSocketRequest) -> None:
@@ -353,7 +389,7 @@ async def run_node(
                         port=server.port,
                     )
                     await nursery.start(gateway.fanout.run)
-                    membership = Membership(url)
+                    store.lease_lost = LostSessions(gateway=gateway, nursery=nursery).drop
                     await nursery.start(membership.serve_node, node_id, endpoint)
                     view: MembershipView = await nursery.start(membership.serve_view)
                     nursery.start_soon(Rebalancer(gateway=gateway, view=view, node_id=node_id).run)

@@ -30,12 +30,15 @@ import attrs
 
 from actors.messages import Message, TextBlock, UserSource
 from actors.session import SessionBusyError, UnknownSessionError
-from actors.session.lease import default_owner
+from actors.session.lease import Lease, default_owner
+from actors.session.postgres_store import PostgresStore
+from supervision.cluster.node_rebalance import closing_here
 from supervision.cluster.request_index import request_index
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
 from supervision.gateway.acp_methods import require_session, user_message
 from supervision.gateway.connection import DEFERRED, Call
 from supervision.gateway.cursors import PromptCursor
+from supervision.gateway.harness_methods import place_message
 from supervision.gateway.messages import NewSessionParams, PromptParams, SendParams
 from supervision.gateway.methods import METHODS, Method
 from supervision.gateway.protocol import (
@@ -48,6 +51,10 @@ from supervision.supervisor import ChildStoppedError, SupervisionError
 
 NODE_LEASE_OWNER = "harness node {node_id}: {process}"
 """The lease owner a node's store writes, so a refused caller learns the holding node's id."""
+
+
+MOVED_RETRY_MARGIN_MS = 50
+"""Added to the time left on the holder's lease, so the retry finds it expired."""
 
 
 def lease_owner(node_id: str) -> str:
@@ -64,11 +71,15 @@ def holder_node(holder: str) -> str | None:
 
 
 def moved(session_id: str, cause: SessionBusyError) -> RpcError:
-    """The `MOVED` answer for `session_id`: who holds it (`holderNode` when a node does)."""
+    """The `MOVED` answer for `session_id`: who holds it (`holderNode` when a node does),
+    and `retryAfterMs` until the holder's lease runs out (when the store says)."""
+    retry_ms = MOVED_RETRY_MS
+    if cause.retry_after is not None:
+        retry_ms = round(cause.retry_after * 1000) + MOVED_RETRY_MARGIN_MS
     data: dict[str, Any] = {
         "reason": "moved",
         "sessionId": session_id,
-        "retryAfterMs": MOVED_RETRY_MS,
+        "retryAfterMs": retry_ms,
     }
     node = holder_node(cause.holder) if cause.holder else None
     if node is not None:
@@ -95,6 +106,12 @@ def _busy_cause(exc: BaseException) -> SessionBusyError | None:
     return None
 
 
+def _lost_here(call: Call, lease: Lease | None) -> bool:
+    """True when this node's store knows `lease` (a live agent's) was taken over."""
+    store = call.gateway.runtime.store
+    return isinstance(store, PostgresStore) and lease is not None and not store.holds_lease(lease)
+
+
 async def host(call: Call, session_id: str) -> None:
     """Make sure this node hosts `session_id` if it is stored (taking its lease).
 
@@ -106,9 +123,22 @@ async def host(call: Call, session_id: str) -> None:
             when the agent fails to start for another reason.
     """
     directory = call.gateway.directory
+    if closing_here(call.gateway, session_id):
+        # Being released to its owner: the owner takes it over once the agent is gone.
+        raise RpcError(
+            MOVED,
+            f"session {session_id!r} is being released by this node to its owner",
+            {"reason": "moved", "sessionId": session_id, "retryAfterMs": MOVED_RETRY_MS},
+        )
     for attempt in range(3):
-        if directory.live_agent(session_id) is not None:
-            return
+        agent = directory.live_agent(session_id)
+        if agent is not None:
+            if not _lost_here(call, agent.session.lease):
+                return
+            # Its lease was taken over (found when this node woke, or at a refused
+            # commit): the agent is a stale writer. Drop it, then try to take the lease.
+            await directory.close(session_id)
+            continue
         try:
             await directory.attach(session_id)
             return
@@ -306,12 +336,7 @@ async def send(params: NodeSendParams, call: Call) -> dict[str, Any]:
     accepted = {"accepted": True, "placement": params.placement}
     if index.find(request_id) is not None or index.queued_at(request_id) is not None:
         return accepted
-    if params.placement == "next_turn":
-        agent.followup(message)
-    elif params.placement == "next_step":
-        agent.steer(message)
-    else:
-        agent.inject(message)
+    place_message(agent, message, params.placement)
     index.queue(request_id)
     return accepted
 

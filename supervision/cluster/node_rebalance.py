@@ -17,11 +17,14 @@ call its owner gets would be answered `MOVED` until the next view change.
 An idle agent has no input waiting (queuing a prompt wakes it at once), so
 a prompt still being answered here then only replays a turn already in the
 log: it is not waited for, and finishes from the store after the release.
+While a session's agent is being closed, calls for it here are answered
+`MOVED` (`closing_here`), so no new input reaches an agent on its way out.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 
 import attrs
 import trio
@@ -34,6 +37,15 @@ from supervision.gateway.protocol import notification
 from supervision.gateway.sessions import AGENT_CHILD_PREFIX
 
 log = logging.getLogger(__name__)
+
+_CLOSING: weakref.WeakKeyDictionary[Gateway, set[str]] = weakref.WeakKeyDictionary()
+
+
+def closing_here(gateway: Gateway, session_id: str) -> bool:
+    """True while this node is releasing `session_id` (its agent is being closed): a call
+    for it here is answered `MOVED`, never served by the agent on its way out."""
+    return session_id in _CLOSING.get(gateway, ())
+
 
 TAKEOVER_GRACE_SECONDS = 1.0
 """How long a session started here while owned elsewhere stays before it may be released: the
@@ -77,6 +89,10 @@ class Rebalancer:
     releases: int = 0
     """Sessions released to another node so far."""
     _releasing: set[str] = attrs.field(factory=set)
+    _closing: set[str] = attrs.field(factory=set)
+
+    def __attrs_post_init__(self) -> None:
+        _CLOSING[self.gateway] = self._closing
 
     def owned_elsewhere(self, session_id: str) -> bool:
         """True when the view places `session_id` on another node (and knows this one)."""
@@ -121,9 +137,11 @@ class Rebalancer:
                         return  # the agent ended by itself
                 if not self.owned_elsewhere(session_id):
                     return
+                self._closing.add(session_id)
                 tell_subscribers_moved(self.gateway, session_id)
                 await self.gateway.directory.close(session_id)
                 self.releases += 1
                 log.info("node %s released session %s to its new owner", self.node_id, session_id)
         finally:
             self._releasing.discard(session_id)
+            self._closing.discard(session_id)

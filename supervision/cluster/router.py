@@ -4,12 +4,15 @@
 which are live; a node that leaves the view has its link closed at once,
 so its callers retry) and places each session by rendezvous over the live
 nodes. `forward` sends one call to the session's owner and retries it on
-the next-ranked node when the owner's link drops, or on the owner after
-`retryAfterMs` when it answers `MOVED` (its lease is still held elsewhere:
-by a dead node until the lease runs out, or by a live one until it
-releases the session at a turn boundary), until `retry_deadline`. The
-calls are not sent to the holder instead, so that it goes idle and
-releases the session to its owner. A retried
+the next-ranked node when the owner's link drops, until `retry_deadline`.
+A node that answers `MOVED` names the lease holder. A live holder (in the
+view) releases the session to its owner at its next turn boundary when
+rebalancing says so, so the owner is asked again after at most
+`MOVED_RETRY_MS` (the call is not sent to the holder, so that it goes
+idle); a live holder that still has it after `holder_grace` (nothing told
+it to let go: it took the session over while its view differed) gets the
+call itself. A holder that is dead or frozen is waited out for
+`retryAfterMs`, the time its lease has left. A retried
 `session/prompt` carries the same request id, so the node that takes the
 session over answers a prompt that was already logged from the log.
 
@@ -28,6 +31,14 @@ and once the lane has room again the subscription is resumed from the
 seq after the last event passed on (the node replays the rest from the
 store). So a slow supervisor is never closed for its log subscriptions,
 and it loses and repeats nothing.
+
+A prompt's (or a load's) `session/update`s are relayed into the same log
+lane (`Connection.relay_log`), and the prompt's reply is queued behind them
+there, so it never overtakes them: a slow supervisor is closed 4008 only
+when a write stalls past the write deadline, as in the single-process
+gateway, or when more than the outbox's relay limit (bytes) waits (the node
+does not wait for the supervisor, so the gateway cannot leave them in the
+log as a cursor does).
 """
 
 from __future__ import annotations
@@ -60,7 +71,12 @@ from supervision.gateway.protocol import INTERNAL_ERROR, OVERLOADED, RpcError, d
 log = logging.getLogger(__name__)
 
 RETRY_DEADLINE_SECONDS = 60.0
-"""How long a call is retried (node deaths, `MOVED`) before it fails -33003."""
+"""How long a call may go unanswered (retried on `MOVED`, or held by a node) before it fails
+-33003; the window starts again when a node is lost with the call."""
+
+HOLDER_GRACE_SECONDS = 10.0
+"""How long a call waits for a live holder to release a session (at its turn boundary)
+before the call is sent to the holder itself."""
 
 EACH_NODE_DEADLINE_SECONDS = 10.0
 """How long a call sent to every node (the stats, the tree, watches) waits for each."""
@@ -85,6 +101,8 @@ class Router:
     secret: str = attrs.field(repr=False)
     nursery: trio.Nursery
     retry_deadline: float = RETRY_DEADLINE_SECONDS
+    holder_grace: float = HOLDER_GRACE_SECONDS
+    """How long a live holder named by `MOVED` may keep a session before it gets the call."""
     each_node_deadline: float = EACH_NODE_DEADLINE_SECONDS
     ack_deadline: float = ACK_DEADLINE_SECONDS
     """Passed to each new `NodeLink` (see there)."""
@@ -147,19 +165,25 @@ class Router:
         Cancellation: the call is abandoned where it is.
 
         Raises:
-            RpcError: -33003 when no node answered within `retry_deadline`.
+            RpcError: -33003 when no node answered within `retry_deadline` (of the
+                call, or since the last node lost with it).
         """
         excluded: set[str] = set()
         version = self.view.version
         last = "no live node"
         asking: str | None = None
-        # `asking`: the node a call is out to (None between attempts).
-        with trio.move_on_after(self.retry_deadline):
+        holder: NodeInfo | None = None
+        held_since: float | None = None
+        # `asking`: the node a call is out to (None between attempts); `holder`: a
+        # live node that kept the session's lease past `holder_grace`, asked next.
+        with trio.move_on_after(self.retry_deadline) as deadline:
             while True:
                 if self.view.version != version:
                     excluded.clear()
                     version = self.view.version
-                node = self.owner_of(session_id, excluded)
+                redirected = holder is not None
+                node = holder if holder is not None else self.owner_of(session_id, excluded)
+                holder = None
                 if node is None:
                     with trio.move_on_after(1):
                         await self.view.wait_changed(version)
@@ -182,6 +206,9 @@ class Router:
                     last = str(exc)
                     excluded.add(node.node_id)
                     self.retries += 1
+                    # A node lost with the call: the call starts over elsewhere, with a
+                    # whole retry window (a turn may rightly take long on its new node).
+                    deadline.deadline = trio.current_time() + self.retry_deadline
                     continue
                 asking = None
                 error = reply.get("error")
@@ -190,7 +217,24 @@ class Router:
                     data = error.get("data")
                     data = data if isinstance(data, Mapping) else {}
                     self.retries += 1
-                    await trio.sleep(retry_after_ms(data.get("retryAfterMs")) / 1000)
+                    pause = retry_after_ms(data.get("retryAfterMs"))
+                    live = None
+                    if not redirected and data.get("holderNode") not in excluded:
+                        live = self.live_holder(data.get("holderNode"), node)
+                    if live is None:
+                        # The holder is dead or frozen: its lease runs out after the pause.
+                        held_since = None
+                        await trio.sleep(pause / 1000)
+                        continue
+                    # A live holder releases the session at its next turn boundary when
+                    # rebalancing says so: ask the owner again soon. One that keeps it
+                    # (nothing told it to let go) serves the call itself.
+                    now = trio.current_time()
+                    held_since = now if held_since is None else held_since
+                    if now - held_since >= self.holder_grace:
+                        holder = live
+                        continue
+                    await trio.sleep(min(pause, MOVED_RETRY_MS) / 1000)
                     continue
                 if session_id:
                     self._answered(session_id, node.node_id)
@@ -204,6 +248,14 @@ class Router:
             f"{self.retry_deadline} s (last: {last})",
             {"reason": "overloaded", "retryAfterMs": 1000},
         )
+
+    def live_holder(self, holder_node: object, answered_by: NodeInfo) -> NodeInfo | None:
+        """The holder a `MOVED` from `answered_by` names, when it is another node in the
+        view (the answering node's own name is an earlier incarnation of it: gone; a node
+        whose link just dropped is excluded by the caller)."""
+        if not isinstance(holder_node, str) or holder_node == answered_by.node_id:
+            return None
+        return next((n for n in self.view.nodes if n.node_id == holder_node), None)
 
     def _answered(self, session_id: str, node_id: str) -> None:
         """`node_id` answered a call for `session_id`: it hosts it now, so its log
@@ -470,6 +522,9 @@ class RouterClient:
             moved = self._served.get((node_id, str(params.get("subscription"))))
             if moved is not None:
                 self.resume(moved)
+        elif method == "session/update":
+            # Paced as the single-process gateway paces a prompt's updates: the log lane.
+            self.connection.relay_log(message)
         elif method == "_harness/sessions/changed":
             watch = self.watches.get((node_id, str(params.get("subscription"))))
             if watch is not None:

@@ -297,14 +297,24 @@ class NodeLink:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise NodeDown(self.down or f"node {self.node_id!r} stream closed") from None
 
-    async def _ensure_open(self, key: str, notify: Notify) -> None:
+    async def _ensure_open(self, key: str, notify: Notify) -> str:
+        """Open client `key`'s virtual connection unless it is open; return its wire key.
+
+        Raises:
+            ClientEnded: the node ended it right after answering its `initialize`
+                (the wire key the call would use next was never initialized).
+            NodeDown: the link dropped, or the node refused or did not answer.
+        """
         self.clients[key] = notify
         if key in self._opened:
-            return
+            return self._wire_key(key)
         self._opened.add(key)
+        generation = self._generations.get(key, 0)
         try:
             with trio.fail_after(self.ack_deadline):
-                reply = await self._request(key, "initialize", {"protocolVersion": 1})
+                reply = await self._request(
+                    self._wire_key(key), key, "initialize", {"protocolVersion": 1}
+                )
         except trio.TooSlowError:
             self._opened.discard(key)
             raise NodeDown(
@@ -316,14 +326,19 @@ class NodeLink:
         if "error" in reply:
             self._opened.discard(key)
             raise NodeDown(f"node {self.node_id!r} refused initialize: {reply['error']}")
+        if self._generations.get(key, 0) != generation:
+            raise ClientEnded(f"node {self.node_id!r} closed the client right after its initialize")
+        return self._wire_key(key)
 
-    async def _request(self, key: str, method: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
+    async def _request(
+        self, wire_key: str, key: str, method: str, params: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
         rpc_id = next(self._ids)
         waiter = self._waiters[rpc_id] = _Waiter(key=key)
         try:
             await self._put(
                 wire.to_node(
-                    self._wire_key(key),
+                    wire_key,
                     dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}),
                 )
             )
@@ -346,10 +361,11 @@ class NodeLink:
 
         Raises:
             NodeDown: the link is down or dropped before the reply came.
+            ClientEnded: the node closed this client's virtual connection (also when
+                it did so right after opening it: the call was not sent then).
         """
         await self.up.wait()
-        await self._ensure_open(key, notify)
-        return await self._request(key, method, params)
+        return await self._request(await self._ensure_open(key, notify), key, method, params)
 
     async def notify(
         self, key: str, notify: Notify, method: str, params: Mapping[str, Any]
@@ -360,11 +376,9 @@ class NodeLink:
             NodeDown: the link is down.
         """
         await self.up.wait()
-        await self._ensure_open(key, notify)
+        wire_key = await self._ensure_open(key, notify)
         await self._put(
-            wire.to_node(
-                self._wire_key(key), dumps({"jsonrpc": "2.0", "method": method, "params": params})
-            )
+            wire.to_node(wire_key, dumps({"jsonrpc": "2.0", "method": method, "params": params}))
         )
 
     async def end(self, key: str) -> None:

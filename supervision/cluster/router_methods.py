@@ -27,9 +27,19 @@ from supervision.cluster.router import RoutedSubscription, Router, RouterClient,
 from supervision.cluster.router_link import NodeDown
 from supervision.gateway import acp_methods as acp
 from supervision.gateway.auth import Principal
-from supervision.gateway.connection import Call
+from supervision.gateway.connection import DEFERRED, Call
 from supervision.gateway.methods import METHODS, Method, MethodTable
-from supervision.gateway.protocol import invalid_params, not_found, structure_params
+from supervision.gateway.protocol import (
+    RpcError,
+    error_response,
+    invalid_params,
+    not_found,
+    response,
+    structure_params,
+)
+
+LOG_LANE_REPLIES = frozenset({"session/prompt", "session/load"})
+"""Methods whose `session/update`s are relayed on the log lane: their replies follow them there."""
 
 REQUEST_ID_METHODS = frozenset({"session/prompt", "_harness/session/send"})
 """Methods whose retries must not log their message twice: each call gets a request id
@@ -97,7 +107,19 @@ async def new_session(f: Forwarded, call: Call) -> Any:
 
 
 async def by_session(f: Forwarded, call: Call, method: str) -> Any:
-    """Forward a call naming one session to its owner."""
+    """Forward a call naming one session to its owner (the reply of a prompt or load goes
+    behind its `session/update`s on the log lane)."""
+    if method not in LOG_LANE_REPLIES:
+        return await _by_session(f, call, method)
+    try:
+        message = response(call.id, await _by_session(f, call, method))
+    except RpcError as error:
+        message = error_response(call.id, error)
+    await call.connection.answer_after_log(call.id, message)
+    return DEFERRED
+
+
+async def _by_session(f: Forwarded, call: Call, method: str) -> Any:
     session_id = _session(f, call)
     params: Mapping[str, Any] = f.raw
     if method in REQUEST_ID_METHODS:

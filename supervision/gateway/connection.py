@@ -252,6 +252,20 @@ class Connection:
         """Start the follow task of `cursor`; returns a function that stops it."""
         return self._start_follow(cursor, None)
 
+    def end_prompt(self, session_id: str, error: RpcError) -> bool:
+        """Answer the session's deferred `session/prompt` with `error` now, and stop
+        following its turn (the session left this process); False when there is none."""
+        cursor = self.prompts.get(session_id)
+        if cursor is None or cursor.finished:
+            return False
+        cursor.finished = True
+        scope = self._cursor_scopes.pop(id(cursor), None)
+        if scope is not None:
+            scope.cancel()
+        cursor.on_done()
+        self._send_control(error_response(cursor.request_id, error))
+        return True
+
     def subscribe_log(self, cursor: LogCursor, *, live: bool) -> Callable[[], None]:
         """Deliver `cursor`'s events: from the session's fan-out while it keeps up, else on its own.
 
@@ -485,6 +499,35 @@ class Connection:
         """Queue a notification on the control lane (snapshots, changes)."""
         self._send_control(message)
 
+    def relay_log(self, message: Mapping[str, Any]) -> None:
+        """Queue a relayed `session/update` (or other log-lane message) on the log lane now.
+
+        Paced like a cursor's frames (after queued replies, written under the
+        write deadline); more than the outbox's relay limit waiting closes
+        the connection with 4008 (a slow consumer).
+        """
+        frame = self.transport.framing.frame(dumps(message).encode())
+        try:
+            self.outbox.push_log([frame], len(frame))
+        except OutboxOverflow as exc:
+            self.gateway.count_slow_consumer()
+            self.close(CLOSE_SLOW_CONSUMER, str(exc))
+        except OutboxClosed:
+            pass
+
+    async def answer_after_log(self, request_id: JsonId, message: Mapping[str, Any]) -> None:
+        """Queue a deferred request's reply behind the log-lane frames already queued (the
+        updates it ends), then free its in-flight slot (see `release`).
+
+        Cancellation: cancellable; a cancelled answer queued nothing.
+        """
+        try:
+            await self.outbox.put_log([self.transport.framing.frame(dumps(message).encode())])
+        except OutboxClosed:
+            pass
+        finally:
+            self.release(request_id)
+
     def _send_control(self, message: Mapping[str, Any]) -> None:
         self._put_control(dumps(message))
 
@@ -542,6 +585,12 @@ class Connection:
             stop()
         for key in list(self._cursor_scopes):
             self._cursor_scopes.pop(key).cancel()
+        for cursor in list(self.prompts.values()):
+            # Unanswered prompts give their turns' claims up, so the same prompt sent
+            # again on another connection (a gateway's retry) can follow its turn.
+            if not cursor.finished:
+                cursor.finished = True
+                cursor.on_done()
         with trio.move_on_after(0 if self._stalled else CLOSE_GRACE_SECONDS) as grace:
             try:
                 # Replies already queued go out before the close frame.

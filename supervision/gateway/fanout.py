@@ -4,7 +4,8 @@ The store reports each commit to one listener (`SessionStore.durable_changes`):
 the sessions whose durable mark advanced. The pump waits for that (the
 agents never wait for it), lets the runtime commit for another `linger`
 (5 ms, so a streamed step goes out in one or two batches, not one per chunk),
-takes every session reported since, and for each one that has a feed reads
+takes every session reported since (in the order they first committed),
+and for each one that has a feed reads
 its new durable events from the live log, without waiting, and hands the
 batch to each of its subscribers synchronously: a live log subscription
 turns it into frames that share the batch's encoded bytes, a status

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
-from actors.agent import StepInspection
+from actors.agent import Agent, StepInspection
+from actors.messages import Message
 from actors.prompt import PromptError
 from actors.session import Event, SessionError, event_to_json, rebuild_request
 from actors.session.events import RequestHeaderLogged
@@ -213,13 +214,25 @@ async def session_send(params: SendParams, call: Call) -> dict[str, Any]:
     await require_session(call, params.session_id)
     message = user_message(params.content, "content")
     agent = await call.gateway.directory.attach(params.session_id)
-    if params.placement == "next_turn":
+    place_message(agent, message, params.placement)
+    return {"accepted": True, "placement": params.placement}
+
+
+def place_message(
+    agent: Agent, message: Message, placement: Literal["next_turn", "next_step", "inject"]
+) -> None:
+    """Queue `message` on `agent` where `placement` says (`_harness/session/send`).
+
+    `next_turn` is a follow-up, `next_step` steers the running turn, `inject`
+    joins the next request without a turn of its own. Raises what the agent's
+    queueing raises (a closed agent refuses input).
+    """
+    if placement == "next_turn":
         agent.followup(message)
-    elif params.placement == "next_step":
+    elif placement == "next_step":
         agent.steer(message)
     else:
         agent.inject(message)
-    return {"accepted": True, "placement": params.placement}
 
 
 async def session_cancel(params: HarnessCancelParams, call: Call) -> dict[str, Any]:

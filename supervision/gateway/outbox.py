@@ -12,6 +12,11 @@ Frames are UTF-8 payloads (`bytes`); the transport adds the framing.
   and that cursor leaves the fan-out to catch up on its own. A catching-up
   cursor *blocks* on a full lane (`put_log`): it simply reads the log later,
   from where it stopped, so nothing is lost and no agent ever waits.
+  Frames *relayed* from elsewhere (the cluster gateway passing on a node's
+  `session/update`s, which it cannot read again later) are *pushed*
+  (`push_log`, never blocking, never refused for a full lane) up to
+  `RELAY_LIMIT_BYTES` queued in all; past that the named overflow
+  behaviour is *disconnect the slow consumer* (`OutboxOverflow`, close 4008).
 
 The writer takes everything queued at once, control frames first, then log
 frames in arrival order, and writes it with one system call.
@@ -31,8 +36,12 @@ LOG_CAPACITY_BYTES = 16 * 1024 * 1024
 """Bytes of log frames waiting for the writer before offers are refused and cursors block."""
 
 
+RELAY_LIMIT_BYTES = 2 * LOG_CAPACITY_BYTES
+"""Bytes of log frames waiting for the writer past which a relayed frame disconnects the peer."""
+
+
 class OutboxOverflow(Exception):
-    """The control lane is full: the peer does not read fast enough."""
+    """A lane is over its bound: the peer does not read fast enough."""
 
 
 class OutboxClosed(Exception):
@@ -45,6 +54,7 @@ class Outbox:
 
     control_capacity: int = CONTROL_CAPACITY
     log_capacity: int = LOG_CAPACITY_BYTES
+    relay_limit: int = RELAY_LIMIT_BYTES
     _control: list[bytes] = attrs.field(factory=list, init=False)
     _log: list[bytes] = attrs.field(factory=list, init=False)
     _log_bytes: int = attrs.field(default=0, init=False)
@@ -81,6 +91,24 @@ class Outbox:
         self._log_bytes += size
         self._ready.set()
         return True
+
+    def push_log(self, frames: Sequence[bytes], size: int) -> None:
+        """Queue relayed log frames of `size` bytes now, even over the lane's capacity.
+
+        Raises:
+            OutboxOverflow: more than `relay_limit` bytes of log frames would wait.
+            OutboxClosed: the connection is closing.
+        """
+        if self._closed:
+            raise OutboxClosed("the connection is closing")
+        if self._log_bytes + size > self.relay_limit:
+            raise OutboxOverflow(
+                f"{self._log_bytes} bytes of log frames are waiting to be written and "
+                f"{size} more arrived (limit {self.relay_limit}); the peer is too slow"
+            )
+        self._log.extend(frames)
+        self._log_bytes += size
+        self._ready.set()
 
     async def put_log(self, frames: Sequence[bytes]) -> None:
         """Queue log frames, waiting while the log lane is full.

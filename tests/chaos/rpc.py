@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +23,9 @@ import trio
 import trio_websocket
 
 Notification = Callable[[str, Any], None]
+
+CLOSE_SECONDS = 1.0
+"""How long leaving `open_rpc` waits for the websocket's close handshake."""
 
 
 class RpcError(Exception):
@@ -54,6 +58,8 @@ class RpcConnection:
     _ids: itertools.count[int] = attrs.field(factory=itertools.count)
     _pending: dict[int, _Slot] = attrs.field(factory=dict)
     closed: bool = False
+    close_reason: str | None = None
+    """Why the peer closed the socket (its close code and reason), once it did."""
 
     async def call(self, method: str, params: Any = None) -> Any:
         """Send `method` and wait for its result.
@@ -94,8 +100,8 @@ class RpcConnection:
                         if slot is not None:
                             slot.answer = message
                             slot.done.set()
-        except trio_websocket.ConnectionClosed:
-            pass
+        except trio_websocket.ConnectionClosed as exc:
+            self.close_reason = str(exc.reason)
         finally:
             self.closed = True
             for slot in self._pending.values():
@@ -115,22 +121,33 @@ async def open_rpc(
     An exception from the body leaves as it is, not wrapped in the reader's nursery group.
     """
     failure: BaseException | None = None
-    async with (
-        trio_websocket.open_websocket_url(
-            url,
-            extra_headers=[(b"Authorization", f"Bearer {token}".encode())],
-            message_queue_size=256,
-            max_message_size=16 * 1024 * 1024,
-        ) as ws,
-        trio.open_nursery() as nursery,
-    ):
-        connection = RpcConnection(ws=ws, on_notification=on_notification)
-        nursery.start_soon(connection.pump)
-        await connection.call("initialize", {"protocolVersion": 1})
-        try:
-            yield connection
-        except BaseException as exc:
-            failure = exc
-        nursery.cancel_scope.cancel()
+    parts = urllib.parse.urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None, url
+    # The TCP stream is ours, so it is closed even when the server went first (the test
+    # stops the gateway before its clients leave).
+    stream = await trio.open_tcp_stream(parts.hostname, parts.port)
+    try:
+        async with trio.open_nursery() as nursery:
+            ws = await trio_websocket.wrap_client_stream(
+                nursery,
+                stream,
+                parts.hostname,
+                parts.path or "/",
+                extra_headers=[(b"Authorization", f"Bearer {token}".encode())],
+                message_queue_size=256,
+                max_message_size=16 * 1024 * 1024,
+            )
+            connection = RpcConnection(ws=ws, on_notification=on_notification)
+            nursery.start_soon(connection.pump)
+            await connection.call("initialize", {"protocolVersion": 1})
+            try:
+                yield connection
+            except BaseException as exc:
+                failure = exc
+            with trio.move_on_after(CLOSE_SECONDS):
+                await ws.aclose()
+            nursery.cancel_scope.cancel()
+    finally:
+        await trio.aclose_forcefully(stream)
     if failure is not None:
         raise failure

@@ -6,7 +6,8 @@ processes and the cluster `harness serve` gateway run as real processes.
 (ACP `session/prompt` over websockets), each session's log watched by a
 supervisor (`_harness/log/subscribe` from seq 0, through the gateway).
 While they run: one node is `kill -9`ed mid-turn; another is `SIGSTOP`ped
-for longer than its leases and its death timeout, then `SIGCONT`ed (it
+in the middle of a tool call, for longer than its leases and its death
+timeout, then `SIGCONT`ed (it
 wakes up with work in hand for sessions that other nodes took over); a
 fourth node joins. Then, from PostgreSQL alone: every session's seqs are
 contiguous and their checksums hold; every prompt's turn is in the log
@@ -16,8 +17,9 @@ one; and nothing the stalled node produced after it lost its leases
 (the journal of the `chaos_step` tool names each result's process and
 time) reached the log, its late commits counted as fenced.
 
-Run by `make test-chaos` (not by `make test`). Bounded: the whole run takes
-well under 3 minutes on a 2-core machine.
+Run by `make test-chaos` (not by `make test`), which `.ci/run` runs after
+`make test`. Bounded: the whole run takes well under 3 minutes on a 2-core
+machine.
 """
 
 from __future__ import annotations
@@ -43,14 +45,21 @@ from tests.postgres import PostgresServer
 SESSIONS = 300
 TOOL_SECONDS = 1.5
 """How long each `chaos_step` call takes: a signal often lands while tools run."""
-LEASE_TTL_SECONDS = 10.0
-"""The store's lease length (the default): a stalled node's leases expire after this."""
 DEAD_AFTER_SECONDS = 5.0
 """A node without a heartbeat for this long is dead to the gateway."""
+LEASE_TTL_SECONDS = DEAD_AFTER_SECONDS
+"""A node's lease length (as long as its heartbeat): a stalled node's leases expire after this."""
 WARMUP_SECONDS = 8.0
 RECOVER_SECONDS = 10.0
-STOP_SECONDS = LEASE_TTL_SECONDS + DEAD_AFTER_SECONDS + 3.0
+TAKEOVER_SECONDS = 13.0
+"""Time for the other nodes to take a hundred sessions over (one node starts its agents one
+at a time)."""
+STOP_SECONDS = max(LEASE_TTL_SECONDS, DEAD_AFTER_SECONDS) + TAKEOVER_SECONDS
 """The stall: past its leases and its death timeout, with time for others to take over."""
+MID_TOOL_CALLS = 10
+MID_TOOL_TIMEOUT = 10.0
+"""How long the stall waits for the node to be in the middle of `MID_TOOL_CALLS` tool calls."""
+JOURNAL_POLL_SECONDS = 0.1
 AFTER_RESUME_SECONDS = 4.0
 AFTER_JOIN_SECONDS = 10.0
 DRAIN_TIMEOUT = 90.0
@@ -92,6 +101,17 @@ async def journal_of(cluster: Cluster) -> list[dict[str, Any]]:
     return await trio.to_thread.run_sync(read_journal, cluster.journal)
 
 
+async def mid_tool(cluster: Cluster, pid: int) -> None:
+    """Return once process `pid` runs `MID_TOOL_CALLS` `chaos_step`s (its journal says so),
+    within `MID_TOOL_TIMEOUT`: the stall must catch work in hand, whose late results get
+    fenced."""
+    for _ in range(round(MID_TOOL_TIMEOUT / JOURNAL_POLL_SECONDS)):
+        # The journal is another process's file: nothing to wait on but the next look.
+        if in_flight_at(await journal_of(cluster), pid, time.time()) >= MID_TOOL_CALLS:
+            return
+        await trio.sleep(JOURNAL_POLL_SECONDS)
+
+
 async def inflict(cluster: Cluster, workload: Workload, dsn: str, timeline: Timeline) -> None:
     """The faults, in order: kill -9 one node, stall another past its leases, add a fourth."""
     await trio.sleep(WARMUP_SECONDS)
@@ -104,6 +124,7 @@ async def inflict(cluster: Cluster, workload: Workload, dsn: str, timeline: Time
 
     await trio.sleep(RECOVER_SECONDS)
     stalled = cluster.nodes["n2"]
+    await mid_tool(cluster, stalled.pid)
     stalled.pause()
     timeline.stopped_pid, timeline.stopped_at = stalled.pid, time.time()
     timeline.in_flight_at_stop = list(workload.in_flight)

@@ -199,9 +199,13 @@ class Workload:
         return [
             f"subscription {s.subscription} on session {s.session_id} saw up to seq "
             f"{s.events[-1].get('seq') if s.events else None}; the log's head is "
-            f"{heads.get(s.session_id)}"
+            f"{heads.get(s.session_id)}{self._closed_note(s.connection)}"
             for s in behind.values()
         ]
+
+    def _closed_note(self, connection: int) -> str:
+        reason = self._subscribers[connection].close_reason
+        return "" if reason is None else f" (its connection was closed: {reason})"
 
     def prompts_by_session(self) -> dict[str, list[str]]:
         """Every prompt text sent, by session."""

@@ -54,24 +54,30 @@ async def whole_log(client: RpcClient, session_id: str) -> list[dict[str, Any]]:
             return events
 
 
+async def open_slow(nursery: trio.Nursery, host: str, port: int) -> RpcClient:
+    """An initialized supervisor on a 4 KiB receive window that reads one frame a millisecond."""
+    stream = await small_window_stream(host, port)
+    websocket = await trio_websocket.wrap_client_stream(
+        nursery,
+        stream,
+        host,
+        "/acp",
+        extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
+        message_queue_size=1,
+    )
+    slow = RpcClient(ws=websocket)
+    nursery.start_soon(read_slowly, slow)
+    await slow.call("initialize", {"protocolVersion": 1})
+    return slow
+
+
 async def test_a_slow_supervisor_catches_up_from_the_store_and_is_never_closed(
     postgres_dsn: str,
 ) -> None:
     config = cluster_config(postgres_dsn, reply_tokens=300)
     async with trio.open_nursery() as nursery:
         async with running_cluster(config, ("a",), nursery) as (_, gateway):
-            stream = await small_window_stream(gateway.host, gateway.port)
-            websocket = await trio_websocket.wrap_client_stream(
-                nursery,
-                stream,
-                gateway.host,
-                "/acp",
-                extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
-                message_queue_size=1,
-            )
-            slow = RpcClient(ws=websocket)
-            nursery.start_soon(read_slowly, slow)
-            await slow.call("initialize", {"protocolVersion": 1})
+            slow = await open_slow(nursery, gateway.host, gateway.port)
             (connection,) = gateway.connections
             assert isinstance(connection, Connection)
             async with connect(gateway) as driver:
@@ -102,5 +108,5 @@ async def test_a_slow_supervisor_catches_up_from_the_store_and_is_never_closed(
                     assert slow.ws.closed is None
                     assert gateway.statistics().slow_consumer_closes == 0
                     assert connection.catch_ups > 0  # it fell behind while the writer waited
-            await trio.aclose_forcefully(stream)
+            await trio.aclose_forcefully(slow.ws._stream)
         nursery.cancel_scope.cancel()

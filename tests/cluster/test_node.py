@@ -8,8 +8,9 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
+import psycopg
 import pytest
 import trio
 import trio_websocket
@@ -19,6 +20,7 @@ from actors.session.events import TurnStart, UserMessage
 from actors.session.postgres_store import PostgresStore
 from supervision.cluster import Membership, wire
 from supervision.cluster.node import ENVELOPE_BYTES, NodeStream, _ClientTransport, run_node
+from supervision.cluster.wire import MOVED
 from supervision.config import ConfigError, parse_config
 from tests.cluster.helpers import CLUSTER_SECRET, cluster_config, raw_node_client, write_config
 
@@ -161,6 +163,87 @@ async def test_a_gateway_sending_garbage_loses_its_stream_not_the_node(postgres_
         async with raw_node_client(endpoint) as good:
             new = await good.call("session/new", {"cwd": "/", "mcpServers": []})
             assert new["sessionId"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_prompt_sent_again_after_its_connection_ended_follows_its_turn(
+    postgres_dsn: str,
+) -> None:
+    # A gateway that loses its stream (the node stalled) sends the prompt again, with its
+    # request id, on a new connection: the turn still running is followed, not lost to
+    # the first connection's claim on it.
+    config = cluster_config(postgres_dsn, token_rate=40, reply_tokens=60)  # ~1.5 s turns
+    async with trio.open_nursery() as nursery:
+        endpoint = await nursery.start(
+            lambda task_status: run_node(config, node_id="n1", task_status=task_status)
+        )
+        async with raw_node_client(endpoint) as client:
+            await client.call(
+                "session/new",
+                {"cwd": "/", "mcpServers": [], "_meta": {"harness": {"sessionId": "s-1"}}},
+            )
+            prompt = {
+                "sessionId": "s-1",
+                "prompt": [{"type": "text", "text": "hello"}],
+                "_meta": {"harness": {"requestId": "req-1"}},
+            }
+            message = {"jsonrpc": "2.0", "id": 99, "method": "session/prompt", "params": prompt}
+            await client.websocket.send_message(wire.to_node(client.key, json.dumps(message)))
+            await trio.sleep(0.3)  # the turn runs
+            await client.websocket.send_message(wire.end_to_node(client.key))
+            with trio.fail_after(10):  # the node confirms the end of the first connection
+                while wire.parse(await client.websocket.get_message()).end is None:
+                    pass
+            client.key = "client-2"
+            await client.call("initialize", {"protocolVersion": 1})
+            again = await client.call("session/prompt", prompt, timeout=20)
+            assert again["stopReason"] == "end_turn"
+        nursery.cancel_scope.cancel()
+    events = await stored_events(postgres_dsn, "s-1")
+    assert len([e for e in events if isinstance(e.data, TurnStart)]) == 1  # type: ignore[attr-defined]
+
+
+async def test_a_session_taken_over_behind_a_nodes_back_is_dropped_there(
+    postgres_dsn: str,
+) -> None:
+    # As a node that wakes from a stall finds: another writer has its session. Its prompt
+    # in flight is answered MOVED at once (the gateway sends it to the new owner), and so
+    # is every later call, while the node's other sessions go on.
+    config = cluster_config(postgres_dsn, token_rate=20, reply_tokens=200)  # a long turn
+    async with trio.open_nursery() as nursery:
+        endpoint = await nursery.start(
+            lambda task_status: run_node(config, node_id="n1", task_status=task_status)
+        )
+        async with raw_node_client(endpoint) as client:
+            await client.call(
+                "session/new",
+                {"cwd": "/", "mcpServers": [], "_meta": {"harness": {"sessionId": "s-1"}}},
+            )
+            prompt = {
+                "sessionId": "s-1",
+                "prompt": [{"type": "text", "text": "hello"}],
+                "_meta": {"harness": {"requestId": "req-1"}},
+            }
+            async with trio.open_nursery() as inner:
+                replies: list[Any] = []
+
+                async def send() -> None:
+                    replies.append(await client.request("session/prompt", prompt, timeout=20))
+
+                inner.start_soon(send)
+                await trio.sleep(0.5)
+                with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+                    connection.execute(
+                        "UPDATE harness_leases SET epoch = epoch + 1, owner = 'thief', "
+                        "expires_at = clock_timestamp() + interval '60 s' "
+                        "WHERE session_id = 's-1'"
+                    )
+            (reply,) = replies
+            assert reply["error"]["code"] == MOVED, reply
+            assert "taken over by another node" in reply["error"]["message"]
+            later = await client.request("_harness/session/state", {"sessionId": "s-1"})
+            assert later["error"]["code"] == MOVED
+            assert "thief" in later["error"]["message"]
         nursery.cancel_scope.cancel()
 
 

@@ -50,9 +50,11 @@ async def test_an_idle_session_with_a_prompt_replaying_from_the_log_is_released(
                     await trio.testing.wait_all_tasks_blocked(cushion=0.05)
                     assert sid in connection.prompts
                     assert agent.status == "idle"
+                    # "me" outranks all of n candidates with chance 1/(n+1): the
+                    # search stops at the first that outranks it, so n can be huge.
                     other = next(
                         name
-                        for name in (f"other-{i}" for i in range(100))
+                        for name in (f"other-{i}" for i in range(1_000_000))
                         if owner(sid, ["me", name]) == name
                     )
                     view = MembershipView()

@@ -130,6 +130,39 @@ async def test_a_node_answers_moved_for_a_session_another_node_holds(postgres_ds
         nursery.cancel_scope.cancel()
 
 
+async def test_a_live_holder_that_keeps_a_session_gets_the_call_after_a_grace(
+    postgres_dsn: str,
+) -> None:
+    # Nodes a, b, c all live; a gateway that sees only a and b places sessions there.
+    # Over all three some belong to c, though no view changes after they start, so
+    # nothing tells their node to release them: a full-view gateway's call reaches c,
+    # is refused MOVED naming the live holder, and after the grace goes to the holder
+    # (before, c answered MOVED until the call gave up).
+    config = cluster_config(postgres_dsn)
+    async with trio.open_nursery() as nursery:
+        async with running_cluster(config, ("a", "b", "c"), nursery) as (_, full):
+            two = MembershipView()
+            two._update(tuple(n for n in full.methods.router.view.nodes if n.node_id != "c"))
+            narrow = await start_gateway(config, nursery, view=two)
+            async with connect(narrow) as placing:
+                sid = ""
+                while owner(sid, ["a", "b", "c"]) != "c":
+                    new = await placing.call("session/new", {"cwd": "/", "mcpServers": []})
+                    sid = new["sessionId"]
+            router = full.methods.router
+            router.retry_deadline = 8
+            router.holder_grace = 1.0
+            async with connect(full) as client:
+                started = trio.current_time()
+                with trio.fail_after(20):
+                    reply = await client.call(
+                        "session/prompt", {"sessionId": sid, "prompt": text("one")}
+                    )
+                assert reply["stopReason"] == "end_turn"
+                assert trio.current_time() - started >= router.holder_grace
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_session_is_taken_over_on_first_touch_when_its_node_leaves(
     postgres_dsn: str,
 ) -> None:

@@ -34,7 +34,7 @@ if importlib.util.find_spec("ray") is None:  # found, not imported: Ray reads it
 from supervision.cluster.ray_launcher import RayLauncher, RayLauncherError
 from supervision.cluster.wire import parse, to_node
 from supervision.commands.gateway_client import open_gateway_client
-from tests.postgres import PostgresServer, PostgresUnavailable
+from tests.postgres import PostgresServer, running_postgres
 from tests.ray_cluster import HEAD_IP, WORKER_IP, RayCluster, deployment, restarted
 
 TAKEOVER_DEADLINE_SECONDS = 60.0
@@ -61,14 +61,8 @@ def cluster() -> Iterator[RayCluster]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[PostgresServer]:
-    try:
-        started = PostgresServer.start()
-    except PostgresUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
+    with running_postgres() as started:
         yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture

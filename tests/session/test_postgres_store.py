@@ -316,6 +316,66 @@ async def test_the_renewal_tells_a_writer_it_lost_the_session(postgres_dsn: str)
             await old_store.append("s", [turn_start(0)], lease=old)
 
 
+async def test_a_lease_lost_to_a_renewal_is_reported_once(postgres_dsn: str) -> None:
+    lost: list[str] = []
+    old_store = PostgresStore(postgres_dsn, lease_ttl=0.3, lease_lost=lost.append)
+    await old_store.create("s")
+    old = await old_store.acquire_lease("s", owner="old")
+    async with serving(old_store):
+        assert old_store.holds_lease(old)
+        expire_lease(postgres_dsn, "s")
+        await PostgresStore(postgres_dsn).acquire_lease("s", owner="new")
+        await until(lambda: lost == ["s"])  # the next renewal found out
+        assert not old_store.holds_lease(old)
+        await trio.sleep(0.3)  # more renewals: told once
+        await old_store.release_lease(old)
+        await old_store.flush()  # a session it lost and gave up is not undurable data
+    assert lost == ["s"]
+
+
+async def test_a_lease_lost_to_a_refused_commit_is_reported_once(postgres_dsn: str) -> None:
+    lost: list[str] = []
+    old_store = PostgresStore(postgres_dsn, lease_lost=lost.append)  # renews every 3.3 s
+    await old_store.create("s")
+    old = await old_store.acquire_lease("s", owner="old")
+    async with serving(old_store):
+        expire_lease(postgres_dsn, "s")
+        await PostgresStore(postgres_dsn).acquire_lease("s", owner="new")
+        await old_store.append("s", [turn_start(0)], lease=old)
+        with pytest.raises(SessionFencedError, match="taken over"):
+            await old_store.flush("s")
+        assert lost == ["s"]
+        assert not old_store.holds_lease(old)
+        await old_store.release_lease(old)
+        await old_store.flush()
+    assert stored_seqs(postgres_dsn, "s") == []
+
+
+async def test_a_busy_lease_says_when_it_runs_out(postgres_dsn: str) -> None:
+    holder = PostgresStore(postgres_dsn, lease_ttl=4.0)
+    await holder.acquire_lease("s", owner="node-a")
+    with pytest.raises(SessionBusyError) as refused:
+        await PostgresStore(postgres_dsn).acquire_lease("s", owner="node-b")
+    assert refused.value.retry_after is not None
+    assert 3.0 < refused.value.retry_after <= 4.0
+
+
+async def test_a_lease_row_locked_by_a_stalled_commit_is_refused_as_busy_at_once(
+    postgres_dsn: str,
+) -> None:
+    # A writer stopped inside its commit keeps the lease row share-locked: a takeover
+    # must not wait for it (it would hold one of the taker's few read connections).
+    await PostgresStore(postgres_dsn).acquire_lease("s", owner="stalled")
+    expire_lease(postgres_dsn, "s")
+    with psycopg.connect(postgres_dsn) as stalled:
+        stalled.execute("SELECT 1 FROM harness_leases WHERE session_id = 's' FOR SHARE")
+        with trio.fail_after(5), pytest.raises(SessionBusyError, match="holds the lease row"):
+            await PostgresStore(postgres_dsn).acquire_lease("s", owner="taker")
+        stalled.rollback()
+    taken = await PostgresStore(postgres_dsn).acquire_lease("s", owner="taker")
+    assert taken.epoch == 2
+
+
 async def test_acquiring_again_after_a_fence_continues_from_the_log(postgres_dsn: str) -> None:
     old_store, new_store = PostgresStore(postgres_dsn), PostgresStore(postgres_dsn)
     await old_store.create("s")
@@ -380,9 +440,11 @@ async def test_rows_committed_behind_the_writers_back_refuse_the_whole_append(
 # Writer failures.
 
 
-async def test_a_lost_writer_connection_fails_one_batch_and_the_writer_reconnects(
+async def test_a_writer_connection_lost_before_a_commit_is_replaced_and_the_batch_written(
     postgres_dsn: str,
 ) -> None:
+    # As when the server ends a transaction left idle while the writer's process was
+    # stopped: nothing of the batch was written, so it is written again, checks and all.
     store = PostgresStore(postgres_dsn)
     for session_id in ("s", "t"):
         await store.create(session_id)
@@ -393,14 +455,29 @@ async def test_a_lost_writer_connection_fails_one_batch_and_the_writer_reconnect
             "WHERE application_name = 'harness writer'",
         )
         await store.append("s", [turn_start(0)])
+        await store.flush("s")
+        await store.append("t", [turn_start(0)])
+        await store.flush()
+        assert store.statistics().reconnects == 1
+    assert stored_seqs(postgres_dsn, "s") == [0]
+    assert stored_seqs(postgres_dsn, "t") == [0]
+
+
+async def test_a_writer_that_cannot_reconnect_fails_the_batch(postgres_dsn: str) -> None:
+    store = PostgresStore(postgres_dsn)
+    await store.create("s")
+    async with serving(store):
+        sql(
+            postgres_dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'harness writer'",
+        )
+        store.dsn = "postgresql://harness@127.0.0.1:1/nowhere"  # the reconnect fails
+        await store.append("s", [turn_start(0)])
         with pytest.raises(SessionError, match=r"could not commit session 's' seq 0\.\.0"):
             await store.flush("s")
-        await store.append("t", [turn_start(0)])
-        await store.flush("t")
         with pytest.raises(SessionError, match=r"1 session\(s\) hold accepted appends"):
             await store.flush()
-        assert store.statistics().reconnects == 1
-    assert stored_seqs(postgres_dsn, "t") == [0]
 
 
 async def test_a_renewal_on_a_lost_connection_is_retried_on_a_new_one(postgres_dsn: str) -> None:

@@ -90,6 +90,25 @@ async def test_the_bench_routes_report_and_reset_the_counters() -> None:
     assert stats == {"chat_requests": 0, "prompt_tokens": 0, "hit_tokens": 0, "limit_tokens": 0}
 
 
+async def test_the_bench_engine_answers_streamed_and_non_streamed_requests() -> None:
+    # The peers' clients send `stream: false`; only a stream's body is re-cut into large
+    # writes, since the simulator refuses stream-only faults on a whole body.
+    engine = BenchEngine(SimulatorConfig())
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_simulator, engine)
+        async with httpx.AsyncClient() as client:
+            for stream in (False, True):
+                reply = await client.post(
+                    url + "/chat/completions",
+                    headers={"authorization": "Bearer sk-simulator"},
+                    json={"model": "deepseek-chat", "messages": [USER], "stream": stream},
+                )
+                assert reply.status_code == 200, reply.text
+            stats = (await client.get(url + "/_bench/stats")).json()
+        nursery.cancel_scope.cancel()
+    assert stats["chat_requests"] == 2
+
+
 def _row(framework: str, sessions: int) -> dict[str, object]:
     return {
         "framework": framework,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 import trio
 import trio.testing
@@ -253,3 +255,44 @@ async def test_starting_a_child_on_a_supervisor_that_does_not_run_fails(
 ) -> None:
     with pytest.raises(NotRunningError, match="supervisor 'idle' is not running"):
         await Supervisor(name="idle").start_child(ChildSpec(id="a", start=worker("a", [])))
+
+
+def slow_start(seconds: float, log: list[str], name: str) -> Callable[..., Awaitable[None]]:
+    """A child start function that takes `seconds` before it reports started."""
+
+    async def start(task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        await trio.sleep(seconds)
+        log.append(f"started {name}")
+        task_status.started(name)
+        await trio.sleep_forever()
+
+    return start
+
+
+async def test_one_for_one_children_start_side_by_side(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A node taking a hundred sessions over starts a hundred agents: one slow start
+    # (its log loading) must not hold up the others.
+    log: list[str] = []
+    async with serving(Supervisor(name="s")) as supervisor:
+        begun = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for index in range(5):
+                spec = ChildSpec(id=f"c{index}", start=slow_start(1.0, log, f"c{index}"))
+                nursery.start_soon(supervisor.start_child, spec)
+        assert trio.current_time() - begun == pytest.approx(1.0)
+        assert sorted(child.id for child in supervisor.children()) == [f"c{i}" for i in range(5)]
+
+
+async def test_other_strategies_start_children_one_at_a_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log: list[str] = []
+    async with serving(Supervisor(name="s", strategy="rest_for_one")) as supervisor:
+        begun = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for index in range(3):
+                spec = ChildSpec(id=f"c{index}", start=slow_start(1.0, log, f"c{index}"))
+                nursery.start_soon(supervisor.start_child, spec)
+        assert trio.current_time() - begun == pytest.approx(3.0)
