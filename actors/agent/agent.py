@@ -127,6 +127,7 @@ class Agent:
     # The loop task's cancel scope and end, only while it runs (`shutdown` stops it).
     _loop_scope: trio.CancelScope | None = None
     _loop_done: trio.Event | None = None
+    _lease_released: bool = False  # by `shutdown`
     _awake_slots: trio.CapacityLimiter | None = None
     """Shared by a host's agents: one slot per agent awake (see `start_hosted_agent`)."""
 
@@ -457,7 +458,10 @@ class Agent:
             if done is not None:
                 with trio.move_on_after(WRITE_GRACE_SECONDS):
                     await done.wait()
-            lease, self.session.lease = self.session.lease, None
+            # The session keeps naming its lease (released or not): an owner that
+            # checks it while the agent stops still sees whose it was.
+            lease = None if self._lease_released else self.session.lease
+            self._lease_released = True
             store = self.session.store
             with trio.move_on_after(WRITE_GRACE_SECONDS):
                 try:
@@ -645,8 +649,8 @@ async def start_hosted_agent(
     """An agent like `open_agent`'s, with no nursery or task of its own: `host` runs its loop task.
 
     For a runtime holding many sessions: while idle the agent is a few
-    objects (with `AgentOptions.hibernate`, not even its log: it starts
-    hibernated, so a resumed session is not loaded until input), and waking
+    objects (with `AgentOptions.hibernate`, not even its log: a resumed
+    session starts hibernated, not loaded until input), and waking
     input starts its loop task with `host.start_soon`; an exception of that
     task (a broken log) propagates through `host`, which must treat it as
     the agent's crash. The lease is taken first, as in `open_agent`, and
@@ -694,6 +698,8 @@ async def start_hosted_agent(
         with trio.CancelScope(shield=True), trio.move_on_after(WRITE_GRACE_SECONDS):
             await store.release_lease(lease)
         raise
-    if options.hibernate and session.hibernate():  # a resumed log waits in the store too
+    # A resumed log waits in the store too; a new, empty one has nothing to release (waking
+    # it would only read the store back).
+    if options.hibernate and len(session) > 0 and session.hibernate():
         agent._loop.hibernate()
     return agent
