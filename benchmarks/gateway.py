@@ -22,14 +22,17 @@ from append, which is before commit: an upper bound on commit-to-delivery).
 
     .venv/bin/python benchmarks/gateway.py --sessions 1000 --supervisors 10
 
-Supervisors subscribe with `batch: true` (consecutive events in one
-`_harness/log/events` notification); `--no-batch` measures plain
-subscriptions (one `_harness/log/event` frame per event).
+Supervisors subscribe with `merge: true` (every session's new events of a
+fan-out round in one `_harness/log/merged` notification per connection);
+`--mode batched` measures `batch: true` (one `_harness/log/events` per
+session per round), `--mode plain` plain subscriptions (one
+`_harness/log/event` frame per event).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import os
@@ -60,7 +63,15 @@ RESULTS = Path(__file__).with_name("results")
 # -- the supervisors' process --------------------------------------------------------
 
 
-async def _client_main(url: str, connections: int, batch: bool) -> None:
+MODES = {
+    "merged": {"batch": True, "merge": True},
+    "batched": {"batch": True},
+    "plain": {},
+}
+"""`--mode`: the subscription params each mode adds to `_harness/log/subscribe`."""
+
+
+async def _client_main(url: str, connections: int, mode: str) -> None:
     host, port = url.removeprefix("ws://").removesuffix("/acp").split(":")
     session_ids: list[str] = json.loads(sys.stdin.readline())
     stdin = trio.lowlevel.FdStream(0)
@@ -90,7 +101,7 @@ async def _client_main(url: str, connections: int, batch: bool) -> None:
                             "jsonrpc": "2.0",
                             "id": index + 1,
                             "method": "_harness/log/subscribe",
-                            "params": {"sessionId": sid, "batch": batch},
+                            "params": {"sessionId": sid, **MODES[mode]},
                         }
                     )
                 )
@@ -106,6 +117,8 @@ async def _client_main(url: str, connections: int, batch: bool) -> None:
                     events = [message["params"]["event"]]
                 elif method == "_harness/log/events":
                     events = message["params"]["events"]
+                elif method == "_harness/log/merged":
+                    events = [e for b in message["params"]["batches"] for e in b["events"]]
                 else:
                     continue
                 now = time.time_ns() // 1_000_000
@@ -257,7 +270,8 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
                 gateway.url,
                 "--supervisors",
                 str(args.supervisors),
-                "--batch" if args.batch else "--no-batch",
+                "--mode",
+                args.mode,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -270,6 +284,9 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         start_events = sum(len(agent.session) for agent in agents)
         _settle_gc()
         burst_rounds, burst_events = gateway.fanout.rounds, gateway.fanout.events
+        profiler = cProfile.Profile(time.process_time) if args.profile else None
+        if profiler is not None:
+            profiler.enable()
         cpu_before_attach = time.process_time()
         sys_before_attach, gc_before_attach = _system_time(), GC.total
         _, att_wall, att_steps = await _run_turns(agents, args.turns)
@@ -279,6 +296,9 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
             (json.dumps({"cmd": "report", "until": expected}) + "\n").encode()
         )
         attached_report = await lines.next()
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{args.profile}-burst.prof")
         delivered_cpu = time.process_time() - cpu_before_attach
         delivered_sys = _system_time() - sys_before_attach
         delivered_gc = GC.total - gc_before_attach
@@ -292,6 +312,9 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         paced_start = sum(len(agent.session) for agent in agents)
         _settle_gc()
         paced_rounds, paced_events_out = gateway.fanout.rounds, gateway.fanout.events
+        profiler = cProfile.Profile(time.process_time) if args.profile else None
+        if profiler is not None:
+            profiler.enable()
         paced_cpu, paced_gc = time.process_time(), GC.total
         paced_steps = await _paced(agents, args.paced_turns, args.rate)
         paced_events = sum(len(agent.session) for agent in agents) - paced_start
@@ -300,6 +323,9 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
             (json.dumps({"cmd": "report", "until": until}) + "\n").encode()
         )
         paced_report = await lines.next()
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{args.profile}-paced.prof")
         paced_cpu = time.process_time() - paced_cpu
         paced_gc = GC.total - paced_gc
         paced_rounds = gateway.fanout.rounds - paced_rounds
@@ -317,7 +343,7 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "sessions": args.sessions,
         "supervisors": args.supervisors,
-        "batch": args.batch,
+        "mode": args.mode,
         "turns": args.turns,
         "steps": att_steps,
         "alone_cpu_ms_per_step": 1000 * alone_per_step,
@@ -373,21 +399,28 @@ def main() -> None:
     parser.add_argument("--paced-turns", type=int, default=300)
     parser.add_argument("--rate", type=float, default=50.0, help="paced turns per second")
     parser.add_argument(
-        "--batch",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="supervisors subscribe with batch: true (_harness/log/events); --no-batch: one "
-        "_harness/log/event per event",
+        "--mode",
+        choices=sorted(MODES),
+        default="merged",
+        help="merged: merge: true (_harness/log/merged, one per connection per round); batched: "
+        "batch: true (_harness/log/events); plain: one _harness/log/event per event",
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="PREFIX",
+        help="write cProfiles of the server's attached phases (process CPU time) to "
+        "PREFIX-burst.prof and PREFIX-paced.prof",
     )
     parser.add_argument("--client", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client is not None:
-        trio.run(_client_main, args.client, args.supervisors, args.batch)
+        trio.run(_client_main, args.client, args.supervisors, args.mode)
         return
     result = trio.run(_server, args)
     rows = [
         ("sessions x supervisors", f"{result['sessions']} x {result['supervisors']}"),
-        ("subscriptions", "batched" if result["batch"] else "one frame per event"),
+        ("subscriptions", result["mode"]),
         ("agent steps per phase", f"{result['steps']}"),
         ("server CPU per step alone", f"{result['alone_cpu_ms_per_step']:.3f} ms"),
         ("server CPU per step attached", f"{result['attached_cpu_ms_per_step']:.3f} ms"),
@@ -434,7 +467,7 @@ def main() -> None:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / ("gateway.json" if result["batch"] else "gateway-unbatched.json")
+    out = RESULTS / f"gateway-{result['mode']}.json"
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
 

@@ -143,14 +143,21 @@ class _LiveLog:
         self.framing = self.connection.transport.framing
 
     def deliver(self, batch: EventBatch) -> bool:
-        """Queue the batch's frames, or leave (False) when the log lane is full or closed."""
+        """Queue the batch's frames (a merged subscription's whole batch into the open merged
+        frame), or leave (False) when the log lane is full or closed."""
         if self.stopped:
             return False
-        outbox = self.outbox
+        outbox, cursor = self.outbox, self.cursor
         if not outbox.log_has_room:
             self.connection.fall_behind(self)
             return False
-        frames = self.cursor.frames(batch, self.framing)
+        if cursor.merge:
+            joined = cursor.whole(batch)
+            if joined is not None:
+                # Into the connection's open merged frame: no frame of its own.
+                outbox.offer_merged(cursor.batch_prefix, joined, self.framing)
+                return True
+        frames = cursor.frames(batch, self.framing)
         if frames:
             outbox.offer_log(frames, sum(map(len, frames)))
         return True
