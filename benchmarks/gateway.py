@@ -42,6 +42,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +56,13 @@ import trio_websocket
 # tree put first on PYTHONPATH (a "before" tree from `git archive`, run with this script).
 from actors.agent import Agent, AgentOptions
 from actors.prompt import SystemPrompt
+from actors.providers import Provider
+from actors.providers.actor import ProviderActor
 from actors.providers.openai_compat import OpenAICompatProvider
-from actors.providers.simulator import SimulatorEngine, simulator_transport
+from actors.providers.simulator import SimulatorConfig, SimulatorEngine, simulator_transport
 from actors.session import MemoryStore
+from supervision.bench.simulator_process import start_simulator_process
+from supervision.bench.workload import API_KEY
 from supervision.gateway import AgentProfile, Token, open_gateway
 from supervision.runtime import open_runtime
 
@@ -83,12 +89,27 @@ class _Supervisor:
     subscriptions: list[str] = attrs.field(factory=list)
     pending: int = 0
     answered: trio.Event = attrs.field(factory=trio.Event)
+    window: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(32))
+    """Requests in flight at most (under the gateway's per-connection limit)."""
     next_id: int = 0
 
+    def answer(self, message: dict[str, Any]) -> None:
+        """Count one answer; a refused request ends the benchmark, saying why."""
+        if "error" in message:
+            raise RuntimeError(f"a supervisor's request failed: {message['error']}")
+        result = message["result"]
+        if "subscription" in result:
+            self.subscriptions.append(result["subscription"])
+        self.window.release()
+        self.pending -= 1
+        if not self.pending:
+            self.answered.set()
+
     async def call_all(self, calls: list[tuple[str, dict[str, Any]]]) -> None:
-        """Send every request, then wait until each one is answered."""
+        """Send every request (a window of them in flight), then wait until each is answered."""
         self.pending, self.answered = len(calls), trio.Event()
         for method, params in calls:
+            await self.window.acquire()
             self.next_id += 1
             await self.ws.send_message(
                 json.dumps(
@@ -129,13 +150,8 @@ async def _client_main(url: str, connections: int, mode: str) -> None:
             while True:
                 message = json.loads(await ws.get_message())
                 method = message.get("method")
-                if method is None:  # an answer
-                    result = message["result"]
-                    if "subscription" in result:
-                        supervisor.subscriptions.append(result["subscription"])
-                    supervisor.pending -= 1
-                    if not supervisor.pending:
-                        supervisor.answered.set()
+                if method is None:
+                    supervisor.answer(message)
                     continue
                 if method == "_harness/log/event":
                     events = [message["params"]["event"]]
@@ -291,18 +307,36 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+@asynccontextmanager
+async def _provider(kind: str, sessions: int) -> AsyncIterator[Provider]:
+    """The agents' model: the in-process simulator, or the benchmark simulator's own process
+    over HTTP through a `ProviderActor` (the issue-12 workload's client path)."""
+    if kind == "inprocess":
+        engine = SimulatorEngine()
+        async with httpx.AsyncClient(transport=simulator_transport(engine)) as client:
+            yield OpenAICompatProvider(
+                client, base_url="http://simulator.test", api_key=engine.config.api_key
+            )
+        return
+    with start_simulator_process(latency=0.0, reply_tokens=SimulatorConfig().reply_tokens) as sim:
+        in_flight = min(sessions, 1000)
+        yield ProviderActor(
+            name="default",
+            factory=lambda client: OpenAICompatProvider(client, base_url=sim.url, api_key=API_KEY),
+            timeout=httpx.Timeout(120.0, connect=60.0),
+            limits=httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight),
+            max_in_flight=in_flight,
+            queue_size=max(256, sessions),
+        )
+
+
 async def _server(args: argparse.Namespace) -> dict[str, Any]:
-    engine = SimulatorEngine()
     async with (
-        httpx.AsyncClient(transport=simulator_transport(engine)) as client,
+        _provider(args.simulator, args.sessions) as provider,
         open_runtime(
             system_prompt=SystemPrompt(persona="bench"),
             store=MemoryStore(),
-            providers={
-                "default": OpenAICompatProvider(
-                    client, base_url="http://simulator.test", api_key=engine.config.api_key
-                )
-            },
+            providers={"default": provider},
         ) as runtime,
         open_gateway(
             runtime,
@@ -425,6 +459,7 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         "sessions": args.sessions,
         "supervisors": args.supervisors,
         "mode": args.mode,
+        "simulator": args.simulator,
         "turns": args.turns,
         "repeats": args.repeat,
         "steps": pairs[0][1].steps,
@@ -481,6 +516,13 @@ def main() -> None:
     parser.add_argument("--supervisors", type=int, default=10)
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument(
+        "--simulator",
+        choices=["inprocess", "http"],
+        default="inprocess",
+        help="inprocess: the agents' model answers in this process (no HTTP); http: the "
+        "benchmark simulator in its own process, over HTTP (the issue-12 client path)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=3,
@@ -510,7 +552,7 @@ def main() -> None:
     result = trio.run(_server, args)
     rows = [
         ("sessions x supervisors", f"{result['sessions']} x {result['supervisors']}"),
-        ("subscriptions", result["mode"]),
+        ("subscriptions, simulator", f"{result['mode']}, {result['simulator']}"),
         ("agent steps per phase", f"{result['steps']}"),
         ("server CPU per step alone", f"{result['alone_cpu_ms_per_step']:.3f} ms"),
         ("server CPU per step attached", f"{result['attached_cpu_ms_per_step']:.3f} ms"),
@@ -562,7 +604,7 @@ def main() -> None:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"gateway-{result['mode']}.json"
+    out = RESULTS / f"gateway-{result['mode']}-{result['simulator']}.json"
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
 
