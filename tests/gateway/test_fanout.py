@@ -19,6 +19,7 @@ from actors.session import event_to_json
 from actors.session.events import StepEnd, StepStart
 from supervision.gateway import AgentProfile, Gateway
 from supervision.gateway.cursors import EventTexts, LogCursor
+from supervision.gateway.fanout import FEED_LINGER_MAX_SECONDS
 from supervision.gateway.transport import WEBSOCKET_FRAMING
 from tests.gateway.helpers import AUTH, RpcClient, connect, running_gateway
 
@@ -163,11 +164,16 @@ async def test_a_subscriber_dropped_by_the_fanout_catches_up_and_loses_nothing(
             # While the writer cannot write (its stream's lock is held here) the lane stays
             # full, so the fan-out must refuse a batch whatever the machine's speed.
             async with connection.transport.stream._lock:
+                # One turn per fan-out round: rounds are spaced up to
+                # FEED_LINGER_MAX_SECONDS apart, and three turns inside one round would
+                # be one batch, which an empty lane takes without refusing anything.
                 for turn in range(3):
                     agent.followup(f"turn {turn}")
-                await agent.when_idle()
-                await agent.session.flush()
-                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                    await agent.when_idle()
+                    await agent.session.flush()
+                    await trio.testing.wait_all_tasks_blocked(
+                        cushion=FEED_LINGER_MAX_SECONDS + 0.05
+                    )
                 assert connection.statistics().catch_ups > 0
             expected = [json.dumps(e) for e in _log(gateway, sid)]
             await client.wait_for_log_events(len(expected))
