@@ -2,7 +2,8 @@
 
 `StreamParser` is pure (no I/O, no clock): it decodes the event stream,
 turns each event's deltas into text, reasoning and tool-call chunks
-(announcing each tool call's id and name once), reads the usage and maps the
+(announcing each tool call's id and name once; the deltas of one read that
+go together come joined), reads the usage and maps the
 finish reason, and records the first failure (a malformed event, an error
 event, an oversized event, too many tool calls) as the finish to end with.
 """
