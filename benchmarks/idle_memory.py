@@ -66,6 +66,7 @@ async def measure(sessions: int, store: SessionStore, hibernate: bool) -> dict[s
         for index, agent in enumerate(agents):
             await _one_turn(agent, user_message(index))
         await runtime.store.flush()
+        provider.requests.clear()  # the scripted provider's record of every request
         gc.collect()
         after = tracemalloc.take_snapshot()
         tracemalloc.stop()

@@ -23,12 +23,15 @@ from .subagents import open_subagents as open_subagents
 from .subagents import subagent_tool_parameters as subagent_tool_parameters
 from .supervisor import Child as Child
 from .supervisor import ChildExit as ChildExit
+from .supervisor import ChildHost as ChildHost
 from .supervisor import ChildSpec as ChildSpec
 from .supervisor import ChildStart as ChildStart
 from .supervisor import ChildStartError as ChildStartError
 from .supervisor import ChildStatistics as ChildStatistics
 from .supervisor import ChildStoppedError as ChildStoppedError
 from .supervisor import DuplicateChildError as DuplicateChildError
+from .supervisor import HostedChildSpec as HostedChildSpec
+from .supervisor import HostedStart as HostedStart
 from .supervisor import NotRunningError as NotRunningError
 from .supervisor import RestartIntensityError as RestartIntensityError
 from .supervisor import RestartType as RestartType

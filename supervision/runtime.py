@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import trio
 
-from actors.agent import Agent, AgentOptions, Tool, open_agent
+from actors.agent import Agent, AgentOptions, Tool, open_agent, start_hosted_agent
 from actors.boundary import one_exception
 from actors.prompt import PromptSection, PromptStatistics, SystemPrompt
 from actors.prompt import RegistryChange as RegistryChange
@@ -32,8 +32,10 @@ from actors.session.session import WallClock, new_session_id, system_clock_ms
 from supervision.subagents import SubagentProvider, open_subagents
 from supervision.supervisor import (
     Child,
+    ChildHost,
     ChildSpec,
     ChildStart,
+    HostedChildSpec,
     NotRunningError,
     RestartType,
     Strategy,
@@ -124,6 +126,8 @@ class Runtime:
     _services: list[_Service]
     default_options: AgentOptions | None = None
     """What `start_agent` uses when it is given no `options` (None: options are required)."""
+    awake_slots: trio.CapacityLimiter | None = None
+    """Bounds how many agents without subagents are awake at once (see `open_runtime`)."""
 
     def registry_changes(self) -> AbstractAsyncContextManager[RegistrySubscription]:
         """An async context manager yielding a coalescing channel of registry changes.
@@ -159,7 +163,10 @@ class Runtime:
         (e.g. to shadow `deployment:persona` in the child's scope). After a crash
         the child restarts over the same session: the interrupted turn is
         closed `interrupted` and the next request logs a `resume` header.
-        `child.value` is the current incarnation's `Agent`.
+        `child.value` is the current incarnation's `Agent`. An agent with no
+        subagent providers is a hosted child (`HostedChildSpec`): it holds no
+        task while idle, its turns run in the supervisor's nursery, and it
+        keeps its session's lease until it is stopped (`Agent.shutdown`).
 
         Cancellation: cancellable while the agent starts (nothing is kept).
 
@@ -183,19 +190,34 @@ class Runtime:
                 f"configured: {sorted(self.providers)}"
             )
         sid = session_id or new_session_id()
-        spec = ChildSpec(
-            id=f"agent:{sid}",
-            start=self._agent_start(
-                provider=provider,
-                options=options,
-                session_id=sid,
-                tools=tuple(tools),
-                subagents=tuple(subagents),
-                setup=setup,
-                child_setup=child_setup,
-            ),
-            restart=restart,
-        )
+        spec: ChildSpec[Agent] | HostedChildSpec[Agent]
+        if subagents:
+            spec = ChildSpec(
+                id=f"agent:{sid}",
+                start=self._agent_start(
+                    provider=provider,
+                    options=options,
+                    session_id=sid,
+                    tools=tuple(tools),
+                    subagents=tuple(subagents),
+                    setup=setup,
+                    child_setup=child_setup,
+                ),
+                restart=restart,
+            )
+        else:
+            spec = HostedChildSpec(
+                id=f"agent:{sid}",
+                start=self._hosted_start(
+                    provider=provider,
+                    options=options,
+                    session_id=sid,
+                    tools=tuple(tools),
+                    setup=setup,
+                ),
+                stop=Agent.shutdown,
+                restart=restart,
+            )
         return await self.supervisor.start_child(spec)
 
     def statistics(self) -> RuntimeStatistics:
@@ -207,6 +229,40 @@ class Runtime:
             registry=self.registry.statistics(),
             prompt=self.system_prompt.statistics(),
         )
+
+    def _hosted_start(
+        self,
+        *,
+        provider: Provider,
+        options: AgentOptions,
+        session_id: str,
+        tools: tuple[Tool, ...],
+        setup: Callable[[Agent], None] | None,
+    ) -> Callable[[ChildHost], Awaitable[Agent]]:
+        """An agent with no subagents: no task while idle, its turns run as the host's tasks."""
+
+        async def start(host: ChildHost) -> Agent:
+            agent = await start_hosted_agent(
+                system_prompt=self.system_prompt,
+                provider=provider,
+                options=options,
+                store=self.store,
+                host=host,
+                session_id=session_id,
+                tools=tools,
+                scope=self.scope,
+                clock=self._clock,
+                awake_slots=self.awake_slots,
+            )
+            try:
+                if setup is not None:
+                    setup(agent)
+            except BaseException:
+                await agent.shutdown()
+                raise
+            return agent
+
+        return start
 
     def _agent_start(
         self,
@@ -279,6 +335,7 @@ async def open_runtime(
     restart_period: float = 5.0,
     clock: WallClock = system_clock_ms,
     default_options: AgentOptions | None = None,
+    max_awake: int | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the root nursery, start the runtime's services and yield the `Runtime`.
 
@@ -289,6 +346,15 @@ async def open_runtime(
     `restart_period` seconds). `sections` (deployment-wide guidance) are
     registered in the global layer for the runtime's life. `default_options`
     is what `start_agent` uses when given no options (a configured profile).
+
+    `max_awake` (None: no bound) bounds how many agents without subagent
+    providers are awake at once: an agent's loop task holds a slot from
+    before its session wakes until it is idle again, and woken input
+    beyond the bound waits for a slot, first come first served. With
+    `AgentOptions(hibernate=True)` a burst of input to many idle sessions
+    then loads at most `max_awake` logs at a time, so its memory stays
+    bounded. A tool that awaits another such agent's turn may wait for ever
+    once every slot is held by waiting turns: size it above that depth.
 
     Leaving the context stops everything in reverse order, shielded: the
     supervisor terminates every agent (a live turn ends aborted, cause
@@ -307,7 +373,10 @@ async def open_runtime(
         ShutdownError: the services did not stop within
             `SHUTDOWN_GRACE_SECONDS`.
         PromptError: a section is invalid or already registered.
+        ValueError: `max_awake` is below 1.
     """
+    if max_awake is not None and max_awake < 1:
+        raise ValueError(f"open_runtime: max_awake must be at least 1, got {max_awake}")
     store = store or MemoryStore()
     providers = dict(providers or {})
     scope = Scope(name=name)
@@ -346,6 +415,7 @@ async def open_runtime(
                     clock=clock,
                     services=services,
                     default_options=default_options,
+                    awake_slots=None if max_awake is None else trio.CapacityLimiter(max_awake),
                 )
             finally:
                 try:

@@ -19,6 +19,12 @@ At most `max_restarts` restarts may happen within `period` seconds (read
 with `trio.current_time()`); one more makes the supervisor terminate every
 child and fail to its owner with `RestartIntensityError`.
 
+A *hosted* child (`HostedChildSpec`) has no task of its own: its start
+function returns its value, it runs tasks only when it has work (in the
+supervisor's nursery, through its `ChildHost`), and a task of it that
+raises is its crash; terminating it awaits its `stop` function. A runtime
+holding many idle agents uses it so that an idle agent costs no task.
+
 A child is a failure boundary: anything it raises is a crash of that child
 (`BaseException`s such as `SystemExit` included), recorded as its exit
 reason and handled by the strategy; it never reaches the supervisor's other
@@ -29,7 +35,7 @@ one) propagate, as `actors.containment` says.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar, cast, get_args
 
 import attrs
@@ -98,6 +104,16 @@ class ChildStart(Protocol[T_co]):
     def __call__(self, *, task_status: trio.TaskStatus[T_co]) -> Awaitable[None]: ...
 
 
+class HostedStart(Protocol[T_co]):
+    """A hosted child's start function: `async def start(host) -> value`.
+
+    It returns the child's value once the child is usable; the child then
+    runs tasks only through `host.start_soon`. Raising is a failed start.
+    """
+
+    def __call__(self, host: ChildHost, /) -> Awaitable[T_co]: ...
+
+
 def _restart_type(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     if value not in get_args(RestartType):
         raise ValueError(f"restart must be one of {get_args(RestartType)}, got {value!r}")
@@ -109,6 +125,22 @@ class ChildSpec(Generic[T]):
 
     id: str
     start: ChildStart[T]
+    restart: RestartType = attrs.field(default="permanent", validator=_restart_type)
+
+
+@attrs.frozen(kw_only=True)
+class HostedChildSpec(Generic[T]):
+    """A child with no task of its own (see the module docstring).
+
+    `start(host)` returns the value; `stop(value)` ends the child (shielded
+    by the supervisor, for at most `SHUTDOWN_GRACE_SECONDS`): it must end
+    the tasks it started through the host, which are cancelled after it
+    returns otherwise. After a crash `stop` runs before the restart.
+    """
+
+    id: str
+    start: HostedStart[T]
+    stop: Callable[[T], Awaitable[None]]
     restart: RestartType = attrs.field(default="permanent", validator=_restart_type)
 
 
@@ -160,6 +192,80 @@ class _Incarnation:
     terminating: bool = False
     value: object = None
     error: BaseException | None = None
+    host: ChildHost | None = None
+    """A hosted child's host (None for a child with a task of its own)."""
+
+
+@attrs.define(eq=False)
+class ChildHost:
+    """Runs a hosted child's tasks in its supervisor's nursery; one per incarnation.
+
+    A task started here that raises is the incarnation's crash: the
+    supervisor stops the child (`HostedChildSpec.stop`) and handles the
+    exit as for any child. Tasks still running when `stop` returned are
+    cancelled.
+    """
+
+    _supervisor: Supervisor
+    _child: Child[Any]
+    _incarnation: _Incarnation
+    _scopes: set[trio.CancelScope] | None = None  # only while tasks run
+    _idle: trio.Event | None = None  # while someone waits for the tasks to end
+
+    def start_soon(self, async_fn: Callable[[], Awaitable[object]], /) -> None:
+        """Start `async_fn()` as one of the child's tasks.
+
+        Raises:
+            NotRunningError: the supervisor does not run, or the
+                incarnation has ended.
+        """
+        nursery = self._supervisor._check_running()
+        if self._incarnation.done.is_set() or self._incarnation.terminating:
+            raise NotRunningError(
+                f"child {self._child.id!r} of supervisor {self._supervisor.name!r} has stopped"
+            )
+        scope = trio.CancelScope()
+        if self._scopes is None:
+            self._scopes = set()
+        self._scopes.add(scope)
+        nursery.start_soon(self._run, async_fn, scope)
+
+    async def _run(
+        self, async_fn: Callable[[], Awaitable[object]], scope: trio.CancelScope
+    ) -> None:
+        error: BaseException | None = None
+        try:
+            with scope:
+                await async_fn()
+        except BaseException as exc:  # a hosted child's task is the child: a failure boundary
+            if must_propagate(exc):
+                raise
+            error = exc
+        finally:
+            self._forget(scope)
+        if error is not None:
+            await self._supervisor._hosted_crash(self._child, self._incarnation, error)
+
+    def _forget(self, scope: trio.CancelScope) -> None:
+        if self._scopes is not None:
+            self._scopes.discard(scope)
+            if not self._scopes:
+                self._scopes = None
+                if self._idle is not None:
+                    self._idle.set()
+
+    def cancel(self) -> None:
+        """Cancel every task of the child that still runs."""
+        for scope in list(self._scopes or ()):
+            scope.cancel()
+
+    async def cancel_and_wait(self) -> None:
+        """Cancel the child's remaining tasks and wait until they ended."""
+        while self._scopes:
+            self._idle = trio.Event()
+            self.cancel()
+            await self._idle.wait()
+        self._idle = None
 
 
 @attrs.define(eq=False)
@@ -185,7 +291,7 @@ class Child(Generic[T]):
     after a restart it is the new incarnation's value.
     """
 
-    spec: ChildSpec[T]
+    spec: ChildSpec[T] | HostedChildSpec[T]
     supervisor: str
     _state: ChildState = attrs.field(default="starting", init=False)
     _incarnation: _Incarnation | None = attrs.field(default=None, init=False)
@@ -415,16 +521,19 @@ class Supervisor:
                 for child in self._children:  # left over when the grace period ran out
                     if child._incarnation is not None:
                         child._incarnation.cancel_scope.cancel()
+                        if child._incarnation.host is not None:
+                            child._incarnation.host.cancel()
                 nursery.cancel_scope.cancel()
         raise failure
 
-    async def start_child(self, spec: ChildSpec[T]) -> Child[T]:
+    async def start_child(self, spec: ChildSpec[T] | HostedChildSpec[T]) -> Child[T]:
         """Start a child under this supervisor; returns once it reported started.
 
         The child's start function runs in the caller's task until it calls
-        `started`, so cancelling the caller before then cancels the start.
-        Under `one_for_one` (independent children) starts run side by side;
-        the other strategies start one child at a time.
+        `started` (a hosted child's: until it returns), so cancelling the
+        caller before then cancels the start. Under `one_for_one`
+        (independent children) starts run side by side; the other strategies
+        start one child at a time.
 
         Raises:
             NotRunningError: the supervisor does not run.
@@ -441,15 +550,15 @@ class Supervisor:
             child = self._add(spec)
         return await self._start_added(child)
 
-    def _add(self, spec: ChildSpec[T]) -> Child[T]:
+    def _add(self, spec: ChildSpec[T] | HostedChildSpec[T]) -> Child[T]:
         self._check_running()
         if any(child.id == spec.id for child in self._children):
             raise DuplicateChildError(f"supervisor {self.name!r} already has a child {spec.id!r}")
-        child = Child(spec=spec, supervisor=self.name)
+        child: Child[T] = Child(spec=spec, supervisor=self.name)
         self._children.append(child)
         return child
 
-    async def _add_and_start(self, spec: ChildSpec[T]) -> Child[T]:
+    async def _add_and_start(self, spec: ChildSpec[T] | HostedChildSpec[T]) -> Child[T]:
         return await self._start_added(self._add(spec))
 
     async def _start_added(self, child: Child[T]) -> Child[T]:
@@ -582,8 +691,58 @@ class Supervisor:
         incarnation = _Incarnation()
         child._incarnations += 1
         child._incarnation = incarnation
-        await nursery.start(self._run, child, incarnation)
+        spec = child.spec
+        if isinstance(spec, HostedChildSpec):
+            host = incarnation.host = ChildHost(
+                supervisor=self, child=child, incarnation=incarnation
+            )
+            try:
+                incarnation.value = await spec.start(host)
+            except BaseException as exc:
+                incarnation.error = exc
+                with trio.CancelScope(shield=True):
+                    await host.cancel_and_wait()
+                incarnation.done.set()
+                raise
+            incarnation.started = True
+        else:
+            await nursery.start(self._run, child, incarnation)
         child._set_state("running")
+
+    async def _stop_hosted(self, child: Child[Any], incarnation: _Incarnation) -> None:
+        """Run a hosted child's `stop`, then cancel its leftover tasks; marks it done."""
+        spec = child.spec
+        assert isinstance(spec, HostedChildSpec) and incarnation.host is not None
+        try:
+            with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
+                try:
+                    await spec.stop(incarnation.value)
+                except BaseException as exc:  # stopping is still the child's code
+                    if must_propagate(exc):
+                        raise
+                    if incarnation.error is None:
+                        incarnation.error = exc
+                await incarnation.host.cancel_and_wait()
+        finally:
+            incarnation.host.cancel()
+            incarnation.done.set()
+
+    async def _hosted_crash(
+        self, child: Child[Any], incarnation: _Incarnation, error: BaseException
+    ) -> None:
+        """A hosted child's task raised: stop the child, then report its exit."""
+        if incarnation.terminating or incarnation.done.is_set():
+            _logger.warning(
+                "child %r of supervisor %r raised while being terminated: %r",
+                child.id,
+                self.name,
+                error,
+            )
+            return
+        incarnation.terminating = True  # its other tasks' errors are not further crashes
+        incarnation.error = error
+        await self._stop_hosted(child, incarnation)
+        await self._exits.send(_Exit(child=child, incarnation=incarnation))
 
     async def _run(
         self,
@@ -593,9 +752,11 @@ class Supervisor:
         task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         relay: _StatusRelay[Any] = _StatusRelay(inner=task_status, incarnation=incarnation)
+        spec = child.spec
+        assert isinstance(spec, ChildSpec)
         try:
             with incarnation.cancel_scope:
-                await child.spec.start(task_status=relay)
+                await spec.start(task_status=relay)
         except BaseException as exc:  # a child is a failure boundary: see actors.containment
             if must_propagate(exc):
                 raise
@@ -624,9 +785,15 @@ class Supervisor:
         if incarnation.done.is_set():
             error = incarnation.error
             return ChildExit(reason="normal" if error is None else "crashed", error=error)
-        incarnation.terminating = True
-        incarnation.cancel_scope.cancel()
-        await incarnation.done.wait()
+        if incarnation.host is not None and incarnation.terminating:
+            await incarnation.done.wait()  # a crash is being stopped already
+        elif incarnation.host is not None:
+            incarnation.terminating = True
+            await self._stop_hosted(child, incarnation)
+        else:
+            incarnation.terminating = True
+            incarnation.cancel_scope.cancel()
+            await incarnation.done.wait()
         return ChildExit(reason="terminated", error=incarnation.error)
 
     def _abandon(self, child: Child[Any]) -> None:
@@ -635,6 +802,8 @@ class Supervisor:
         if incarnation is not None and incarnation.started and not incarnation.done.is_set():
             incarnation.terminating = True
             incarnation.cancel_scope.cancel()
+            if incarnation.host is not None:
+                incarnation.host.cancel()
             self._remove(child, ChildExit(reason="terminated"))
             return
         error = incarnation.error if incarnation is not None else None

@@ -3,7 +3,9 @@
 from actors.agent.agent import Agent as Agent
 from actors.agent.agent import AgentStatistics as AgentStatistics
 from actors.agent.agent import InboxFullError as InboxFullError
+from actors.agent.agent import TaskSpawner as TaskSpawner
 from actors.agent.agent import open_agent as open_agent
+from actors.agent.agent import start_hosted_agent as start_hosted_agent
 from actors.agent.decisions import Enter as Enter
 from actors.agent.decisions import Reject as Reject
 from actors.agent.decisions import Retry as Retry

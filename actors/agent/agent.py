@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Literal
+from typing import Literal, Protocol
 
 import attrs
 import trio
@@ -43,6 +43,14 @@ _SHARED_RNG = random.Random()
 
 class InboxFullError(RuntimeError):
     """The agent's inbox is full: the agent is not keeping up with its input."""
+
+
+class TaskSpawner(Protocol):
+    """Where an agent starts its loop task: its own nursery, or a host's (`start_hosted_agent`)."""
+
+    def start_soon(self, async_fn: Callable[[], Awaitable[object]], /) -> None:
+        """Start `async_fn()` as a task; it must not outlive the agent's owner."""
+        ...
 
 
 @attrs.frozen(kw_only=True)
@@ -103,7 +111,7 @@ class Agent:
     session: Session
     scope: Scope
     _loop: AgentLoop
-    _nursery: trio.Nursery
+    _nursery: TaskSpawner
     _wake_requested: bool = False
     _loop_task: bool = False
     _disposing: bool = False
@@ -116,6 +124,12 @@ class Agent:
     _turn_done: trio.Event | None = None
     _closed: bool = False
     _waiters: dict[int, _RunWaiter] = attrs.field(factory=dict)
+    # The loop task's cancel scope and end, only while it runs (`shutdown` stops it).
+    _loop_scope: trio.CancelScope | None = None
+    _loop_done: trio.Event | None = None
+    _lease_released: bool = False  # by `shutdown`
+    _awake_slots: trio.CapacityLimiter | None = None
+    """Shared by a host's agents: one slot per agent awake (see `start_hosted_agent`)."""
 
     @property
     def status(self) -> Literal["idle", "running"]:
@@ -281,13 +295,16 @@ class Agent:
         """A dry run of the next step's assembly: the header, sections, tools, contexts, variables.
 
         Nothing is logged, no provider is called and no `pre_step` listener
-        runs; each section, context and tool names the scope it came from.
+        runs (a hibernating session is woken to read its last header); each
+        section, context and tool names the scope it came from.
         Cancellation: cancellable; nothing is changed.
 
         Raises:
             PromptError: the assembly failed (the message names the section,
                 variable or tool).
         """
+        await self.session.wake()  # a hibernating agent's last header comes from its log
+        self._loop.woke()
         return await inspect_next_step(self._loop)
 
     # -- waiting and statistics --------------------------------------------
@@ -323,29 +340,45 @@ class Agent:
     async def _run_loop(self) -> None:
         """The loop task: runs turns while woken input waits, then ends (the agent is idle).
 
-        Started in the agent's nursery by waking input when it is not
-        running; a wake that arrives while it runs (even while it
+        Started in the agent's nursery (or its host's) by waking input when
+        it is not running; a wake that arrives while it runs (even while it
         hibernates the session) is taken before it ends. An exception (a
-        broken log) ends it and propagates through the agent's nursery.
+        broken log) ends it and propagates through that nursery (a host
+        reports it as the agent's crash).
         """
+        done = self._loop_done = trio.Event()
         try:
-            while self._wake_requested:
-                # A wake is input that arrived after any abort or failed turn: it un-parks.
-                self._parked = False
-                self._wake_requested = False
-                self._running = True
-                self._refresh_idle()
-                try:
-                    await self.session.wake()
-                    while self._loop.inbox.has_turn_work() and not self._parked:
-                        await self._run_one_turn()
-                    if self._loop.options.hibernate:
-                        await self._hibernate()
-                finally:
-                    self._running = False
-                    self._refresh_idle()
+            with trio.CancelScope() as self._loop_scope:
+                await self._run_woken()
         finally:
             self._loop_task = False
+            self._loop_scope = self._loop_done = None
+            done.set()
+
+    async def _run_woken(self) -> None:
+        if self._awake_slots is None:
+            await self._run_turns()
+            return
+        async with self._awake_slots:
+            await self._run_turns()
+
+    async def _run_turns(self) -> None:
+        while self._wake_requested:
+            # A wake is input that arrived after any abort or failed turn: it un-parks.
+            self._parked = False
+            self._wake_requested = False
+            self._running = True
+            self._refresh_idle()
+            try:
+                await self.session.wake()
+                self._loop.woke()
+                while self._loop.inbox.has_turn_work() and not self._parked:
+                    await self._run_one_turn()
+                if self._loop.options.hibernate:
+                    await self._hibernate()
+            finally:
+                self._running = False
+                self._refresh_idle()
 
     async def _hibernate(self) -> None:
         """Make the log durable and let the session release it until the next wake.
@@ -357,7 +390,8 @@ class Agent:
             await self.session.flush()
         except SessionError:
             return
-        self.session.hibernate()
+        if self.session.hibernate():
+            self._loop.hibernate()
 
     async def _run_one_turn(self) -> None:
         done = self._turn_done = trio.Event()
@@ -403,6 +437,39 @@ class Agent:
 
     def _park(self) -> None:
         self._parked = True
+
+    async def shutdown(self) -> None:
+        """End an agent of `start_hosted_agent`: its turn, its loop task, then its lease.
+
+        Aborts a live turn (cause "disposed") and waits for its `turn/end`,
+        refuses further input (`AgentClosedError`), closes the agent's
+        scope, stops the loop task (a wake or hibernation in progress), makes
+        the log durable and gives up the lease. Idempotent.
+
+        Cancellation: shielded; each stage is bounded by `WRITE_GRACE_SECONDS`.
+        """
+        with trio.CancelScope(shield=True):
+            await self.dispose()
+            self.close()
+            self.scope.close()
+            if self._loop_scope is not None:
+                self._loop_scope.cancel()
+            done = self._loop_done
+            if done is not None:
+                with trio.move_on_after(WRITE_GRACE_SECONDS):
+                    await done.wait()
+            # The session keeps naming its lease (released or not): an owner that
+            # checks it while the agent stops still sees whose it was.
+            lease = None if self._lease_released else self.session.lease
+            self._lease_released = True
+            store = self.session.store
+            with trio.move_on_after(WRITE_GRACE_SECONDS):
+                try:
+                    if store.running:
+                        await store.flush(self.session.id)
+                finally:
+                    if lease is not None:
+                        await store.release_lease(lease)
 
     async def dispose(self) -> None:
         """Abort a live turn with cause "disposed" and wait until its `turn/end` is written.
@@ -507,32 +574,132 @@ async def _serving_agent(
         if not store.running:
             await nursery.start(store.serve)
         session = await Session.open(store, session_id, clock=clock, lease=lease)
-        agent_scope = Scope(name=f"agent:{session.id}", parent=scope)
-        registry = ToolRegistry.of(tools)
-        agent = Agent(
+        agent = _new_agent(
             session=session,
-            scope=agent_scope,
-            loop=AgentLoop(
-                session=session,
-                system_prompt=system_prompt,
-                provider=provider,
-                options=options,
-                tools=registry,
-                inbox=Inbox(),
-                scope=agent_scope,
-                agent=None,
-                rng=rng or _SHARED_RNG,
-            ),
+            system_prompt=system_prompt,
+            provider=provider,
+            options=options,
+            tools=tools,
+            scope=scope,
+            rng=rng,
             nursery=nursery,
         )
-        agent._loop.agent = agent
-        system_prompt.variable("model", lambda ctx: options.model, scope=agent_scope)
-        system_prompt.variable("provider", lambda ctx: options.provider_name, scope=agent_scope)
-        system_prompt.tools(registry.provider, scope=agent_scope)
         try:
             yield agent
         finally:
             await agent.dispose()
             agent.close()
-            agent_scope.close()
+            agent.scope.close()
             nursery.cancel_scope.cancel()
+
+
+def _new_agent(
+    *,
+    session: Session,
+    system_prompt: SystemPrompt,
+    provider: Provider,
+    options: AgentOptions,
+    tools: Sequence[Tool],
+    scope: Scope | None,
+    rng: random.Random | None,
+    nursery: TaskSpawner,
+    awake_slots: trio.CapacityLimiter | None = None,
+) -> Agent:
+    """The agent over an open `session`, its scope registered; its loop task starts in `nursery`."""
+    agent_scope = Scope(name=f"agent:{session.id}", parent=scope)
+    registry = ToolRegistry.of(tools)
+    agent = Agent(
+        session=session,
+        scope=agent_scope,
+        loop=AgentLoop(
+            session=session,
+            system_prompt=system_prompt,
+            provider=provider,
+            options=options,
+            tools=registry,
+            inbox=Inbox(),
+            scope=agent_scope,
+            agent=None,
+            rng=rng or _SHARED_RNG,
+        ),
+        nursery=nursery,
+        awake_slots=awake_slots,
+    )
+    agent._loop.agent = agent
+    system_prompt.variable("model", lambda ctx: options.model, scope=agent_scope)
+    system_prompt.variable("provider", lambda ctx: options.provider_name, scope=agent_scope)
+    system_prompt.tools(registry.provider, scope=agent_scope)
+    return agent
+
+
+async def start_hosted_agent(
+    *,
+    system_prompt: SystemPrompt,
+    provider: Provider,
+    options: AgentOptions,
+    store: SessionStore,
+    host: TaskSpawner,
+    session_id: str | None = None,
+    tools: Sequence[Tool] = (),
+    scope: Scope | None = None,
+    clock: WallClock = system_clock_ms,
+    rng: random.Random | None = None,
+    awake_slots: trio.CapacityLimiter | None = None,
+) -> Agent:
+    """An agent like `open_agent`'s, with no nursery or task of its own: `host` runs its loop task.
+
+    For a runtime holding many sessions: while idle the agent is a few
+    objects (with `AgentOptions.hibernate`, not even its log: a resumed
+    session starts hibernated, not loaded until input), and waking
+    input starts its loop task with `host.start_soon`; an exception of that
+    task (a broken log) propagates through `host`, which must treat it as
+    the agent's crash. The lease is taken first, as in `open_agent`, and
+    held (renewed by the store) until `await agent.shutdown()`, which the
+    owner must call once: a hibernating session keeps its lease, so no
+    other writer takes the session while the agent lives. `store` must be
+    running.
+
+    `awake_slots`, shared by many agents, bounds how many of them are awake
+    at once: the loop task holds a slot from before its session wakes
+    until it went idle again (hibernated), and woken input beyond the
+    limit waits, first come first served, so a burst of wakes loads at
+    most that many logs. A turn that waits for another agent sharing the
+    limiter (a tool awaiting its turn) may then wait for ever once every
+    slot is held by such turns: size it above that depth.
+
+    Cancellation: cancellable while the session loads; the lease is
+    given back then.
+
+    Raises:
+        SessionBusyError: another live writer holds the session.
+        SessionError: the store does not run, or the session cannot be loaded.
+    """
+    if not store.running:
+        raise SessionError(
+            f"start_hosted_agent: the store of session {session_id!r} is not running "
+            "(a hosted agent does not serve its store)"
+        )
+    sid = session_id or new_session_id()
+    lease = await store.acquire_lease(sid)
+    try:
+        session = await Session.open(store, sid, clock=clock, lease=lease)
+        agent = _new_agent(
+            session=session,
+            system_prompt=system_prompt,
+            provider=provider,
+            options=options,
+            tools=tools,
+            scope=scope,
+            rng=rng,
+            nursery=host,
+            awake_slots=awake_slots,
+        )
+    except BaseException:
+        with trio.CancelScope(shield=True), trio.move_on_after(WRITE_GRACE_SECONDS):
+            await store.release_lease(lease)
+        raise
+    # A resumed log waits in the store too; a new, empty one has nothing to release (waking
+    # it would only read the store back).
+    if options.hibernate and len(session) > 0 and session.hibernate():
+        agent._loop.hibernate()
+    return agent

@@ -128,7 +128,8 @@ class AgentLoop:
     request_error: list[RequestErrorListener] = attrs.field(factory=list)
     abort_cause: AbortCause = "disposed"
     keep_claimed_on_abort: bool = False
-    _projection: RuntimeContextProjection = attrs.field(factory=RuntimeContextProjection)
+    _projection: RuntimeContextProjection | None = attrs.field(factory=RuntimeContextProjection)
+    """None while hibernated (rebuilt from the log by the next step's catch-up)."""
     _config: dict[str, Any] = attrs.field(factory=dict, init=False)
     _last_header: RequestHeader | None = attrs.field(default=None, init=False)
     _built_header: RequestHeader | None = attrs.field(default=None, init=False)
@@ -141,11 +142,31 @@ class AgentLoop:
     turn_message: Message | None = attrs.field(default=None, init=False)
     """The next-turn message the current (or last) turn's first step claimed, if any."""
     _resumed: bool = attrs.field(default=False, init=False)
+    _hibernated: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._config = self.options.request_config()
         self._last_header = self.session.header()
         self._resumed = len(self.session) > 0
+
+    def hibernate(self) -> None:
+        """Drop what only the last turn needed (its message, projection, header), until `woke`.
+
+        Called once the session hibernated: what is dropped is re-derived
+        from the log on wake, so nothing a later step sends changes.
+        """
+        self._hibernated = True
+        if self._last_header is not self._built_header:  # the reused one is kept anyway
+            self._last_header = None
+        self.turn_message = None
+        self._projection = None
+
+    def woke(self) -> None:
+        """Re-derive, from the woken session, what `hibernate` dropped; a no-op when awake."""
+        if self._hibernated:
+            if self._last_header is None:
+                self._last_header = self.session.header()
+            self._hibernated = False
 
     def statistics(self) -> LoopStatistics:
         """Turns, steps, requests and retries run by this loop."""
@@ -251,8 +272,11 @@ class AgentLoop:
             raise _TurnFailed(
                 TurnEndReason.failed(TurnError(message=str(exc), code="prompt_error"))
             ) from exc
-        self._projection.catch_up(self.session)
-        candidate = self._projection.propose(text, sections)
+        projection = self._projection
+        if projection is None:
+            projection = self._projection = RuntimeContextProjection()
+        projection.catch_up(self.session)
+        candidate = projection.propose(text, sections)
         default = [*claimed, candidate] if candidate is not None else list(claimed)
         proposal = StepProposal(
             turn=turn, step=step, messages=tuple(claimed), context=candidate, assembly=assembly

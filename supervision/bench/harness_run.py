@@ -71,6 +71,9 @@ class LevelSettings:
             (None: one per session, at most 1,000).
         sequential_turns: Turns run one at a time after the concurrent pass.
         hibernate: Agents hibernate when idle (`AgentOptions.hibernate`).
+        max_awake: The runtime's bound on agents awake at once
+            (`open_runtime(max_awake=...)`; None: as many as requests in
+            flight; 0: no bound).
     """
 
     sessions: int
@@ -80,6 +83,7 @@ class LevelSettings:
     max_in_flight: int | None = None
     sequential_turns: int = 50
     hibernate: bool = True
+    max_awake: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -241,8 +245,12 @@ async def run_level(
             if settings.store == "memory"
             else SQLiteStore(Path(directory) / "bench.sqlite")
         )
+        max_awake = in_flight if settings.max_awake is None else settings.max_awake
         async with open_runtime(
-            system_prompt=_prompt(), store=store, providers={"sim": provider}
+            system_prompt=_prompt(),
+            store=store,
+            providers={"sim": provider},
+            max_awake=max_awake or None,
         ) as runtime:
 
             async def start() -> Agent:

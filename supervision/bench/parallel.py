@@ -109,6 +109,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="keep idle sessions' logs in memory (default: idle agents hibernate)",
     )
+    parser.add_argument(
+        "--max-awake",
+        type=int,
+        default=None,
+        help="agents awake at once (default: as many as requests in flight; 0: no bound)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
 
@@ -121,7 +127,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         SimulatorProcessError: the simulator did not start.
     """
     rows: list[dict[str, Any]] = []
-    with start_simulator_process(latency=args.latency, reply_tokens=args.reply_tokens) as sim:
+    with start_simulator_process(
+        latency=args.latency, reply_tokens=args.reply_tokens, http2=args.http == "2"
+    ) as sim:
         for sessions in args.sessions:
             settings = LevelSettings(
                 sessions=sessions,
@@ -131,6 +139,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 max_in_flight=args.max_in_flight,
                 sequential_turns=args.sequential_turns,
                 hibernate=args.hibernate,
+                max_awake=args.max_awake,
             )
             row = run_child(
                 harness_command(sim.url, settings), sim, f"harness level {sessions} sessions"
