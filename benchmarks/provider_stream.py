@@ -61,7 +61,6 @@ async def run_level(
         name="sim",
         factory=factory,
         max_in_flight=concurrency,
-        queue_size=max(256, concurrency),
         timeout=httpx.Timeout(120.0, connect=30.0),
         limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
         http2=http2,

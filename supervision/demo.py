@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +114,11 @@ class RecordingProvider:
     requests: list[GenerateRequest] = attrs.field(factory=list)
 
     async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
-        """Record `request`, then stream the inner provider's chunks."""
+        """Record `request`, then stream the inner provider's chunks (closing it on early exit)."""
         self.requests.append(request)
-        async for chunk in self.inner.stream(request):
-            yield chunk
+        async with aclosing(self.inner.stream(request)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
 
 @attrs.frozen(kw_only=True)

@@ -2,12 +2,13 @@
 
 It owns the provider's `httpx.AsyncClient` (explicit `Limits` and
 `Timeout`), caps the requests in flight (DeepSeek limits concurrency per
-account), sets stalled requests aside so they cannot starve healthy ones
-(`actors.providers.admission`), and streams each request's chunks to its
-caller over a bounded channel. Callers hold a `Provider`-compatible handle
-(the actor itself): `stream(request)` queues a job and yields chunks as they
-arrive. A caller that stops reading or is cancelled cancels its job, which
-closes the HTTP stream at once.
+account) and sets stalled requests aside so they cannot starve healthy ones
+(`actors.providers.admission`). Callers hold a `Provider`-compatible handle
+(the actor itself): `stream(request)` waits for admission, then streams the
+request in the caller's own task, yielding chunks as they arrive: no task
+and no channel per request, so a chunk costs no hop between tasks. A caller
+that stops reading or is cancelled closes its HTTP stream at once; the actor
+stopping ends every request it admitted (see `ProviderActor.serve`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import httpx
 import trio
 
 from actors.latency import NO_SAMPLES, LatencySummary, LatencyWindow
-from actors.providers.admission import Admission, StallPolicy, Ticket
+from actors.providers.admission import Admission, StallPolicy
 from actors.providers.base import ChunkBatch, Provider, ProviderError, chunk_batches, unbatched
 from actors.providers.chunks import Chunk, Failure, FinishChunk
 from actors.providers.http_client import HttpClientSettings, open_http_client
@@ -29,6 +30,9 @@ from actors.providers.request import GenerateRequest
 ProviderFactory = Callable[[httpx.AsyncClient], Provider]
 """Builds the adapter over the actor's client (e.g. an OpenAI-compatible adapter)."""
 
+_STOP_GRACE = 10.0
+"""How long a stopping actor waits for the requests it cancelled to close their streams."""
+
 
 @attrs.frozen(kw_only=True)
 class ProviderActorStatistics:
@@ -36,6 +40,7 @@ class ProviderActorStatistics:
 
     name: str
     queued: int
+    """Requests waiting for admission."""
     in_flight: int
     max_in_flight: int
     completed: int
@@ -52,10 +57,37 @@ class ProviderActorStatistics:
 
 
 @attrs.define(eq=False)
-class _Job:
-    request: GenerateRequest
-    chunks: trio.MemorySendChannel[ChunkBatch]
-    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+class _Serving:
+    """One run of `ProviderActor.serve`: its adapter, its admission, its requests mid-step.
+
+    `steps` holds the cancel scope of every admitted request that is waiting
+    on the adapter right now (a request between two chunks, its caller busy
+    elsewhere, has none); `stop` cancels them, and marks the run stopped so
+    that no request takes another step.
+    """
+
+    provider: Provider
+    admission: Admission
+    stopped: bool = False
+    steps: set[trio.CancelScope] = attrs.field(factory=set)
+    _steps_ended: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    def stop(self) -> None:
+        """Admit nothing more and cancel every step in progress."""
+        self.stopped = True
+        self.admission.close()
+        for scope in self.steps:
+            scope.cancel()
+
+    def step_ended(self, scope: trio.CancelScope) -> None:
+        self.steps.discard(scope)
+        if self.stopped and not self.steps:
+            self._steps_ended.unpark_all()
+
+    async def wait_steps_ended(self) -> None:
+        """Return once no request is mid-step (after `stop`, none starts another)."""
+        while self.steps:
+            await self._steps_ended.park()
 
 
 @attrs.define(eq=False)
@@ -63,15 +95,16 @@ class ProviderActor:
     """Serves one provider's requests under a concurrency cap.
 
     Run it with `await nursery.start(actor.serve)`; until then (and after it
-    stops) `stream` reports a `provider_unavailable` failure. Jobs wait in a
-    bounded queue (`queue_size`; a full queue blocks the caller:
-    backpressure); at most `max_in_flight` progress at once, and up to
-    `stall.max_stalled` more that produced no chunk for `stall.stall_after`
-    seconds are set aside beside them (see `actors.providers.admission`);
-    each job's chunks travel over a channel of `chunk_buffer` batches (the
-    chunks of one network read travel together; a slow reader slows its own
-    stream only). The client is built by `open_http_client`
-    from `timeout`, `limits`, `http2` and `pools` (see `HttpClientSettings`).
+    stops) `stream` reports a `provider_unavailable` failure. Callers wait
+    for admission in arrival order (each waiting caller is its own task:
+    backpressure, nothing is buffered); at most `max_in_flight` progress at
+    once, and up to `stall.max_stalled` more that produced no chunk for
+    `stall.stall_after` seconds are set aside beside them (see
+    `actors.providers.admission`). An admitted request streams in its
+    caller's task: the adapter reads the next chunks only when the caller
+    asks for them, so a slow reader slows its own stream only. The client is
+    built by `open_http_client` from `timeout`, `limits`, `http2` and
+    `pools` (see `HttpClientSettings`).
     """
 
     name: str
@@ -84,10 +117,7 @@ class ProviderActor:
     pools: int = 1
     max_in_flight: int = 16
     stall: StallPolicy = attrs.field(factory=StallPolicy)
-    queue_size: int = 256
-    chunk_buffer: int = 64
-    _jobs_send: trio.MemorySendChannel[_Job] | None = attrs.field(default=None, init=False)
-    _queued: int = attrs.field(default=0, init=False)
+    _serving: _Serving | None = attrs.field(default=None, init=False)
     _in_flight: int = attrs.field(default=0, init=False)
     _completed: int = attrs.field(default=0, init=False)
     _failed: int = attrs.field(default=0, init=False)
@@ -104,15 +134,16 @@ class ProviderActor:
 
     @property
     def running(self) -> bool:
-        """True while `serve` accepts jobs."""
-        return self._jobs_send is not None
+        """True while `serve` admits requests."""
+        return self._serving is not None
 
     def statistics(self) -> ProviderActorStatistics:
-        """Queue depth, requests in flight (and how many are set aside), outcomes and latency."""
+        """Requests waiting and in flight (and how many are set aside), outcomes and latency."""
         admission = self._admission
+        serving = self._serving
         return ProviderActorStatistics(
             name=self.name,
-            queued=self._queued,
+            queued=serving.admission.waiting if serving is not None else 0,
             in_flight=self._in_flight,
             max_in_flight=self.max_in_flight,
             completed=self._completed,
@@ -125,134 +156,105 @@ class ProviderActor:
         )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the actor until cancelled; `task_status.started()` once it accepts jobs.
+        """Run the actor until cancelled; `task_status.started()` once it admits requests.
 
-        A job is taken from the queue only when a slot in flight is free
-        (fewer than `max_in_flight` jobs progressing), so waiting jobs stay in
-        the bounded queue (and count as `queued`).
-        Cancellation stops every job in flight and every queued job (their
-        callers see the stream end with a `provider_unavailable` failure) and
-        closes the client.
+        Cancellation stops the actor: callers still waiting for admission,
+        and every admitted request at its next step (at once for one waiting
+        on the adapter, whose HTTP stream is closed), end their streams with
+        a `provider_unavailable` failure. The actor waits (shielded, at most
+        `_STOP_GRACE` seconds) for the requests it cancelled to close their
+        streams, then closes the client; a request whose caller was busy
+        between two chunks closes its own stream when it next reads.
         """
-        send, receive = trio.open_memory_channel[_Job](self.queue_size)
         admission = Admission(max_in_flight=self.max_in_flight, policy=self.stall)
         self._admission = admission
         settings = HttpClientSettings(
             timeout=self.timeout, limits=self.limits, http2=self.http2, pools=self.pools
         )
         async with open_http_client(settings) as client, trio.open_nursery() as nursery:
-            provider = self.factory(client)
+            serving = _Serving(provider=self.factory(client), admission=admission)
             nursery.start_soon(admission.watch)
-            self._jobs_send = send
+            self._serving = serving
             try:
                 task_status.started()
-                while True:
-                    await admission.wait_slot()
-                    job = await receive.receive()
-                    started = False
-                    try:
-                        # Immediate unless a set-aside job resumed meanwhile.
-                        ticket = await admission.acquire()
-                        nursery.start_soon(self._run_job, provider, ticket, job)
-                        started = True
-                    finally:
-                        self._queued -= 1
-                        if not started:
-                            job.chunks.close()
+                await trio.sleep_forever()
             finally:
-                self._jobs_send = None
-                # Jobs still queued end at once: their callers are waiting on them.
-                while True:
-                    try:
-                        job = receive.receive_nowait()
-                    except trio.WouldBlock:
-                        break
-                    self._queued -= 1
-                    job.chunks.close()
-                receive.close()
+                self._serving = None
+                serving.stop()
+                with trio.move_on_after(_STOP_GRACE, shield=True):
+                    await serving.wait_steps_ended()
                 nursery.cancel_scope.cancel()
 
-    async def _run_job(self, provider: Provider, ticket: Ticket, job: _Job) -> None:
-        outcome = "cancelled"
-        started = trio.current_time()
-        try:
-            async with job.chunks:
-                with job.cancel_scope:
-                    self._in_flight += 1
-                    try:
-                        outcome = await self._pump(provider, job, ticket)
-                    finally:
-                        self._in_flight -= 1
-        finally:
-            ticket.release()
-            # Counted here: the actor stopping may cancel a job that has already finished.
-            if outcome == "completed":
-                self._completed += 1
-                self._latency.record(trio.current_time() - started)
-            elif outcome == "failed":
-                self._failed += 1
-                self._latency.record(trio.current_time() - started)
-            else:
-                self._cancelled += 1
-
-    async def _pump(self, provider: Provider, job: _Job, ticket: Ticket) -> str:
-        outcome = "failed"
-        try:
-            async with aclosing(chunk_batches(provider, job.request)) as batches:
-                async for batch in batches:
-                    ticket.progressed()
-                    last = batch[-1]
-                    if isinstance(last, FinishChunk):
-                        outcome = "failed" if last.reason == "error" else "completed"
-                        if last.failure is not None:
-                            code = last.failure.code
-                            self._failures_by_code[code] = self._failures_by_code.get(code, 0) + 1
-                    await job.chunks.send(batch)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return "cancelled"
-        return outcome
-
     def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
-        """Queue `request` and yield its chunks one by one (see `stream_batches`)."""
+        """Admit `request` and yield its chunks one by one (see `stream_batches`)."""
         return unbatched(self.stream_batches(request))
 
     async def stream_batches(self, request: GenerateRequest) -> AsyncGenerator[ChunkBatch, None]:
-        """Queue `request` and yield its chunks in arrival batches; the last ends with the one
+        """Admit `request` and yield its chunks in arrival batches; the last ends with the one
         `FinishChunk`.
 
-        Closing the generator early (or cancelling the caller) cancels the
-        job and its HTTP stream. If the actor is not running, or stops
-        mid-stream, the stream ends with a retryable `provider_unavailable`
-        failure.
+        The request waits for admission (in arrival order), then streams in
+        the caller's task. Closing the generator early (or cancelling the
+        caller) closes the request's HTTP stream. If the actor is not
+        running, or stops before the request finished, the stream ends with
+        a retryable `provider_unavailable` failure (so does a provider stream
+        that ends without a finish).
+
+        Cancellation: cancellable while waiting for admission (nothing is
+        admitted then) and at every step of the stream.
         """
-        send_jobs = self._jobs_send
-        if send_jobs is None:
+        serving = self._serving
+        if serving is None:
             yield (self._unavailable("is not running"),)
             return
-        chunk_send, chunk_receive = trio.open_memory_channel[ChunkBatch](self.chunk_buffer)
-        job = _Job(request=request, chunks=chunk_send)
-        self._queued += 1
-        sent = False
-        try:
-            await send_jobs.send(job)
-            sent = True
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            if not sent:
-                self._queued -= 1
-        if not sent:
+        ticket = await serving.admission.acquire()
+        if ticket is None:
             yield (self._unavailable("stopped"),)
             return
+        finished = False
+        ended = "stopped before the request finished"
+        started = trio.current_time()
+        self._in_flight += 1
         try:
-            async with chunk_receive:
-                async for batch in chunk_receive:
+            async with aclosing(chunk_batches(serving.provider, request)) as batches:
+                while not serving.stopped:
+                    with trio.CancelScope() as step:
+                        serving.steps.add(step)
+                        try:
+                            batch = await anext(batches, None)
+                        finally:
+                            serving.step_ended(step)
+                    if step.cancelled_caught:
+                        break  # the actor stopped
+                    if batch is None:
+                        finished = True
+                        self._failed += 1
+                        ended = "got a stream without a finish chunk from its provider"
+                        break
+                    ticket.progressed()
+                    last = batch[-1]
+                    if isinstance(last, FinishChunk):
+                        finished = True
+                        self._finished(last, started)
                     yield batch
-                    if isinstance(batch[-1], FinishChunk):
+                    if finished:
                         return
-            yield (self._unavailable("stopped before the request finished"),)
         finally:
-            job.cancel_scope.cancel()
+            self._in_flight -= 1
+            ticket.release()
+            if not finished:
+                self._cancelled += 1
+        yield (self._unavailable(ended),)
+
+    def _finished(self, finish: FinishChunk, started: float) -> None:
+        """Count a request that reached its finish, and time it."""
+        self._latency.record(trio.current_time() - started)
+        if finish.failure is None:
+            self._completed += 1
+            return
+        self._failed += 1
+        code = finish.failure.code
+        self._failures_by_code[code] = self._failures_by_code.get(code, 0) + 1
 
     def _unavailable(self, what: str) -> FinishChunk:
         return FinishChunk(

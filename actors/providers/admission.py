@@ -58,10 +58,13 @@ class StallPolicy:
 class Admission:
     """Admits requests under a cap on progressing ones, with a budget for stalled ones.
 
-    One task admits (`acquire`); each admitted request holds a `Ticket`,
-    reports its chunks with `Ticket.progressed()` and calls
-    `Ticket.release()` when it ends; one task beside them all runs `watch()`,
-    which sets requests aside as they stall.
+    Any number of tasks may wait in `acquire` at once: they are admitted
+    one by one in the order they came, each slot freed being handed to the
+    longest waiter (so a freed slot never wakes more waiters than it can
+    admit). Each admitted request holds a `Ticket`, reports its chunks with
+    `Ticket.progressed()` and calls `Ticket.release()` when it ends; one task
+    beside them all runs `watch()`, which sets requests aside as they stall.
+    `close()` ends every wait: `acquire` admits nothing afterwards.
     """
 
     max_in_flight: int
@@ -69,9 +72,10 @@ class Admission:
     _progressing: int = attrs.field(default=0, init=False)
     _stalled: int = attrs.field(default=0, init=False)
     _stalls: int = attrs.field(default=0, init=False)
-    _slot_freed: trio.lowlevel.ParkingLot = attrs.field(
-        factory=trio.lowlevel.ParkingLot, init=False
-    )
+    _closed: bool = attrs.field(default=False, init=False)
+    # Waiters, oldest first; those woken by `_admit_waiters` were handed their slot (`_handed`).
+    _waiters: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
+    _handed: set[trio.lowlevel.Task] = attrs.field(factory=set, init=False)
     _budget_waiters: set[Ticket] = attrs.field(factory=set, init=False)
     # When each progressing ticket is next due a stall check: (due, tie-break, ticket).
     _due: list[tuple[float, int, Ticket]] = attrs.field(factory=list, init=False)
@@ -93,27 +97,45 @@ class Admission:
         """Times a request was set aside, in total."""
         return self._stalls
 
-    async def wait_slot(self) -> None:
-        """Return once fewer than `max_in_flight` requests progress (admitting nothing).
+    @property
+    def waiting(self) -> int:
+        """Tasks waiting in `acquire`."""
+        return len(self._waiters)
 
-        Cancellation: cancellable.
+    async def acquire(self) -> Ticket | None:
+        """Admit one request once fewer than `max_in_flight` progress; None once closed.
+
+        Admission is in arrival order: a freed slot goes straight to the
+        longest waiter, so a slot is never free while anyone waits.
+
+        Cancellation: a checkpoint only when it has to wait, and cancellable
+        then; a cancelled waiter is admitted to nothing (its place passes on).
         """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while self._progressing >= self.max_in_flight:
-            await self._slot_freed.park()
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    async def acquire(self) -> Ticket:
-        """Wait until fewer than `max_in_flight` requests progress, then admit one.
-
-        Cancellation: cancellable while waiting; nothing is admitted then.
-        """
-        await self.wait_slot()
-        self._progressing += 1
+        if self._closed:
+            return None
+        if self._progressing >= self.max_in_flight:
+            await self._waiters.park()
+            task = trio.lowlevel.current_task()
+            handed = task in self._handed
+            self._handed.discard(task)
+            if self._closed:
+                if handed:
+                    self._progressing -= 1
+                return None
+        else:
+            self._progressing += 1
         now = trio.current_time()
         ticket = Ticket(admission=self, last_progress=now)
         self._schedule(ticket, now + self.policy.stall_after)
         return ticket
+
+    def close(self) -> None:
+        """Admit nothing more: every waiting `acquire` returns None, as does every later one.
+
+        Requests already admitted keep their tickets (release them as usual).
+        """
+        self._closed = True
+        self._waiters.unpark_all()
 
     async def watch(self) -> None:
         """Set each admitted request aside whenever it goes `stall_after` seconds without a chunk.
@@ -156,8 +178,15 @@ class Admission:
 
     def _free_slot(self) -> None:
         self._progressing -= 1
-        if self._progressing < self.max_in_flight:
-            self._slot_freed.unpark_all()
+        self._admit_waiters()
+
+    def _admit_waiters(self) -> None:
+        """Hand the free slots to the longest waiters (counted as progressing from now)."""
+        free = self.max_in_flight - self._progressing
+        if free > 0 and self._waiters and not self._closed:
+            woken = self._waiters.unpark(count=free)
+            self._progressing += len(woken)
+            self._handed.update(woken)
 
     def _free_budget(self) -> None:
         self._stalled -= 1

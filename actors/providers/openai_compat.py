@@ -251,7 +251,9 @@ class OpenAICompatProvider:
         """Send `request` and yield its chunks, ending with one `FinishChunk`.
 
         The chunks come in batches: those parsed from one read of the body
-        together, then the final ones (usage, finish) together.
+        together; the read that ends the stream comes with the final chunks
+        (usage, finish), handed over once the response is closed (so its
+        connection is back in the pool by then).
 
         Use it under `contextlib.aclosing`. Failures (statuses, resets,
         timeouts, malformed events) end the stream with
@@ -287,6 +289,7 @@ class OpenAICompatProvider:
                 return
             parser = StreamParser(max_event_bytes=self._max_event_bytes)
             data_due = trio.current_time() + self._timeouts.no_data
+            last: list[Chunk] = []
             while parser.outcome is None:
                 data = await self._read(body, deadline, data_due)
                 if isinstance(data, Failure):
@@ -304,17 +307,22 @@ class OpenAICompatProvider:
                     chunks = parser.feed(data)
                     if parser.data_events != seen:
                         data_due = trio.current_time() + self._timeouts.no_data
-                    if chunks:
+                    if parser.outcome is not None:
+                        last = chunks  # they go with the final chunks, once the body is closed
+                    elif chunks:
                         yield tuple(chunks)
             if parser.done:
                 # Read the end of the body so the connection can be reused.
                 with trio.move_on_after(_DRAIN_GRACE):
                     await body.exhaust()
-            final = tuple(parser.final_chunks())
-            for chunk in final:
-                if isinstance(chunk, FinishChunk):
-                    finish = chunk
-            yield final
+            # Closed before the finish is handed over: the connection is back in its pool
+            # (or closed) before the consumer, seeing the finish, sends its next request.
+            with trio.move_on_after(_CLOSE_GRACE, shield=True):
+                await body.close()
+            body = None
+            last += parser.final_chunks()
+            finish = parser.outcome
+            yield tuple(last)
         finally:
             self._in_flight -= 1
             if finish is not None and finish.failure is not None:

@@ -2,7 +2,8 @@
 
 `StreamParser` is pure (no I/O, no clock): it decodes the event stream,
 turns each event's deltas into text, reasoning and tool-call chunks
-(announcing each tool call's id and name once), reads the usage and maps the
+(announcing each tool call's id and name once; the deltas of one read that
+go together come joined), reads the usage and maps the
 finish reason, and records the first failure (a malformed event, an error
 event, an oversized event, too many tool calls) as the finish to end with.
 """
@@ -114,7 +115,12 @@ class StreamParser:
     def feed(self, data: bytes) -> list[Chunk]:
         """The chunks carried by the next bytes of the body.
 
-        Events after the one that ends the stream are ignored.
+        The deltas of one read that follow each other and go together are
+        joined into one: adjacent text, adjacent reasoning, and a tool call's
+        argument pieces after the one that introduced it (or after the
+        read's first piece of it). They arrived at the same moment, so
+        nothing is streamed later for it, and what they add up to is
+        unchanged. Events after the one that ends the stream are ignored.
         """
         try:
             events = self._decoder.feed(data)
@@ -126,7 +132,7 @@ class StreamParser:
             chunks += self._handle(event.data)
             if self.outcome is not None:
                 break
-        return chunks
+        return _joined(chunks) if len(chunks) > 1 else chunks
 
     def fail(self, failure: Failure) -> None:
         """End the stream with `failure` (for failures found outside the body)."""
@@ -274,6 +280,58 @@ def _optional_str(obj: Mapping[str, Any], key: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise _Malformed(f"{key} is not a string")
+
+
+def _joined(chunks: list[Chunk]) -> list[Chunk]:
+    """`chunks` with each run of deltas that go together joined into one (see `feed`)."""
+    out: list[Chunk] = []
+    head: Chunk | None = None
+    pieces: list[str] = []
+    for chunk in chunks:
+        if head is not None:
+            kind = type(head)
+            if type(chunk) is kind and (
+                kind is not ToolCallDelta
+                or (
+                    isinstance(chunk, ToolCallDelta)
+                    and isinstance(head, ToolCallDelta)
+                    and chunk.index == head.index
+                    and chunk.id is None
+                    and chunk.name is None
+                )
+            ):
+                if isinstance(chunk, (TextDelta, ReasoningDelta)):
+                    pieces.append(chunk.text)
+                    continue
+                if isinstance(chunk, ToolCallDelta):
+                    pieces.append(chunk.arguments)
+                    continue
+            out.append(_run(head, pieces))
+        head = chunk
+        pieces = [_piece(chunk)]
+    if head is not None:
+        out.append(_run(head, pieces))
+    return out
+
+
+def _piece(chunk: Chunk) -> str:
+    if isinstance(chunk, (TextDelta, ReasoningDelta)):
+        return chunk.text
+    if isinstance(chunk, ToolCallDelta):
+        return chunk.arguments
+    return ""
+
+
+def _run(head: Chunk, pieces: list[str]) -> Chunk:
+    """The chunk a run starting with `head` adds up to."""
+    if len(pieces) == 1:
+        return head
+    if isinstance(head, TextDelta):
+        return TextDelta(text="".join(pieces))
+    if isinstance(head, ReasoningDelta):
+        return ReasoningDelta(text="".join(pieces))
+    assert isinstance(head, ToolCallDelta)
+    return ToolCallDelta(index=head.index, id=head.id, name=head.name, arguments="".join(pieces))
 
 
 def _optional_list(obj: Mapping[str, Any], key: str) -> list[Any]:

@@ -1,10 +1,14 @@
 """Chat-completions request serialization: model profiles, messages, the tools cache.
 
 Serialization is byte-stable: the system text is the first message, history
-follows in order, tool schemas are serialized once per distinct tool tuple,
-and everything is written with compact separators and without ASCII escaping,
-so identical requests give identical bytes and the provider's prefix cache can
-hit on every request after the first.
+follows in order, and everything is written with compact separators and
+without ASCII escaping, so identical requests give identical bytes and the
+provider's prefix cache can hit on every request after the first. The parts
+that rarely change are encoded to bytes once and reused: the body's head (the
+model and the system message) once per distinct model and system text, the
+tool schemas once per distinct tool tuple. A body is exactly
+`json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()` of
+the whole request object; only the work of producing it is shared.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ _CONFIG_KEYS = (
     "stop",
 )
 _TOOLS_CACHE_SIZE = 16
+_HEAD_CACHE_SIZE = 16
+_TAIL = b',"stream":true,"stream_options":{"include_usage":true}}'
 
 
 @attrs.frozen(kw_only=True)
@@ -63,8 +69,10 @@ R1_PROFILE = ModelProfile(name="r1", reasoning_replay="never")
 class RequestEncoder:
     """Turns a `GenerateRequest` into the exact chat-completions request body.
 
-    Keeps a small cache of serialized tool tuples, so a request that reuses
-    the previous request's tools costs no tool serialization.
+    Keeps two small caches of encoded bytes: body heads (the model and the
+    system message) by model and system text, and tool tuples by the
+    identity of their schemas, so a request that reuses the previous
+    request's system text and tools encodes only its messages and options.
 
     Args:
         profiles: The `ModelProfile` of each model name that differs from
@@ -77,9 +85,10 @@ class RequestEncoder:
     ) -> None:
         self._profiles = dict(profiles or {})
         self._default_profile = default_profile
-        self._tools_cache: OrderedDict[tuple[int, ...], tuple[tuple[ToolSchema, ...], str]] = (
+        self._tools_cache: OrderedDict[tuple[int, ...], tuple[tuple[ToolSchema, ...], bytes]] = (
             OrderedDict()
         )
+        self._heads: OrderedDict[tuple[str, str | None], bytes] = OrderedDict()
         self._tool_encodings = 0
 
     @property
@@ -103,25 +112,46 @@ class RequestEncoder:
         Raises:
             ProviderError: a message or config value cannot be serialized.
         """
-        profile = self.profile_for(request.model)
-        messages: list[dict[str, Any]] = []
-        if request.system:
-            messages.append({"role": "system", "content": request.system})
-        messages.extend(_encode_message(message, profile) for message in request.messages)
+        model = request.model
+        profile = self.profile_for(model)
         try:
-            parts = ['{"model":', _dumps(request.model), ',"messages":', _dumps(messages)]
+            parts = [self._head(model, request.system)]
+            if request.messages:
+                # The items of the list `json.dumps` would write, after the system message's.
+                items = _dumps([_encode_message(message, profile) for message in request.messages])
+                if request.system:
+                    parts.append(b",")
+                parts.append(items[1:-1].encode())
+            parts.append(b"]")
             if request.tools:
-                parts += [',"tools":', self._encode_tools(request.tools)]
+                parts.append(self._encode_tools(request.tools))
             for key in _CONFIG_KEYS:
                 value = request.config.get(key)
                 if value is not None:
-                    parts += [f',"{key}":', _dumps(value)]
+                    parts.append(f',"{key}":{_dumps(value)}'.encode())
         except (TypeError, ValueError) as exc:
-            raise ProviderError(f"request for model {request.model!r} is not JSON: {exc}") from exc
-        parts.append(',"stream":true,"stream_options":{"include_usage":true}}')
-        return "".join(parts).encode()
+            raise ProviderError(f"request for model {model!r} is not JSON: {exc}") from exc
+        parts.append(_TAIL)
+        return b"".join(parts)
 
-    def _encode_tools(self, tools: tuple[ToolSchema, ...]) -> str:
+    def _head(self, model: str, system: str | None) -> bytes:
+        """`{"model":...,"messages":[` and the system message, if any (no closing `]`)."""
+        key = (model, system or None)
+        head = self._heads.get(key)
+        if head is not None:
+            self._heads.move_to_end(key)
+            return head
+        text = '{"model":' + _dumps(model) + ',"messages":['
+        if system:
+            text += _dumps({"role": "system", "content": system})
+        head = text.encode()
+        self._heads[key] = head
+        if len(self._heads) > _HEAD_CACHE_SIZE:
+            self._heads.popitem(last=False)
+        return head
+
+    def _encode_tools(self, tools: tuple[ToolSchema, ...]) -> bytes:
+        """`,"tools":[...]` for `tools`."""
         # Keyed by identity: the cached entry holds the schemas, so their ids
         # cannot be reused while the entry lives. Equal tuples of other
         # objects serialize to the same bytes anyway; this only saves work.
@@ -130,19 +160,18 @@ class RequestEncoder:
         if cached is not None:
             self._tools_cache.move_to_end(key)
             return cached[1]
-        encoded = _dumps(
-            [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": tool.name,
-                        "description": tool.description,
-                        "parameters": tool.parameters,
-                    },
-                }
-                for tool in tools
-            ]
-        )
+        schemas = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters,
+                },
+            }
+            for tool in tools
+        ]
+        encoded = (',"tools":' + _dumps(schemas)).encode()
         self._tool_encodings += 1
         self._tools_cache[key] = (tools, encoded)
         if len(self._tools_cache) > _TOOLS_CACHE_SIZE:

@@ -59,7 +59,7 @@ def main() -> int:
     parser.add_argument("--sequential-turns", type=int, default=20)
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
     parser.add_argument("--http", choices=("1.1", "2"), default="1.1", help="harness's HTTP")
-    parser.add_argument("--pools", type=int, default=32, help="harness's connection pools")
+    parser.add_argument("--pools", type=int, default=128, help="harness's connection pools")
     args = parser.parse_args()
     pythons = {peer: ensure_venv(peer) for peer in args.peers}
     rows: list[dict[str, Any]] = []

@@ -234,7 +234,6 @@ async def run_level(
         http2=settings.http2,
         pools=settings.pools,
         max_in_flight=in_flight,
-        queue_size=max(256, sessions),
     )
     provider = _TimedProvider(actor, on_step)
     tools = _tools()

@@ -95,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "actors.providers.http_client for why it is not the default)",
     )
     parser.add_argument(
-        "--pools", type=int, default=32, help="connection pools in the client (default 32)"
+        "--pools", type=int, default=128, help="connection pools in the client (default 128)"
     )
     parser.add_argument(
         "--max-in-flight", type=int, default=None, help="requests in flight (default: min(N, 1000))"

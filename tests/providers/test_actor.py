@@ -112,23 +112,62 @@ async def test_the_actor_builds_its_adapter_over_one_client_with_explicit_limits
     assert seen[0].is_closed
 
 
-async def test_waiting_jobs_stay_in_the_bounded_queue_and_a_full_queue_blocks_callers() -> None:
-    provider = GatedProvider()
-    actor = actor_for(provider, max_in_flight=1, queue_size=1)
+async def test_waiting_callers_are_admitted_in_arrival_order_one_freed_slot_at_a_time() -> None:
+    @attrs.define
+    class Ordered:
+        """Each request waits for its own event (its model names it); records the start order."""
+
+        releases: dict[str, trio.Event] = attrs.field(factory=dict)
+        started: list[str] = attrs.field(factory=list)
+
+        async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+            self.started.append(request.model)
+            await self.releases.setdefault(request.model, trio.Event()).wait()
+            yield FinishChunk(reason="completed")
+
+    provider = Ordered()
+    actor = ProviderActor(name="ordered", factory=lambda client: provider, max_in_flight=1)
+
+    async def call(model: str) -> None:
+        async for _ in actor.stream(GenerateRequest(config={"provider": "p", "model": model})):
+            pass
+
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.serve)
         async with trio.open_nursery() as callers:
-            for _ in range(3):
-                callers.start_soon(collect, actor)
-            await trio.testing.wait_all_tasks_blocked()
-            # One runs, one waits in the queue, one is blocked sending into the full queue.
+            for model in "abcd":
+                callers.start_soon(call, model)
+                await trio.testing.wait_all_tasks_blocked()
             stats = actor.statistics()
-            assert (stats.in_flight, stats.queued, provider.active) == (1, 2, 1)
-            provider.release.set()
-        assert actor.statistics().queued == 0
+            assert (stats.in_flight, stats.queued, provider.started) == (1, 3, ["a"])
+            for model in "abc":
+                provider.releases.setdefault(model, trio.Event()).set()
+                await trio.testing.wait_all_tasks_blocked()
+            assert provider.started == ["a", "b", "c", "d"]
+            assert actor.statistics().queued == 0
+            provider.releases.setdefault("d", trio.Event()).set()
         nursery.cancel_scope.cancel()
-    assert provider.peak == 1
-    assert actor.statistics().completed == 3
+    assert actor.statistics().completed == 4
+
+
+async def test_a_caller_cancelled_while_waiting_for_admission_is_admitted_to_nothing() -> None:
+    provider = GatedProvider()
+    actor = actor_for(provider, max_in_flight=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.serve)
+        async with trio.open_nursery() as callers:
+            callers.start_soon(collect, actor)
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.move_on_after(0.01) as waiting:
+                await collect(actor)
+            assert waiting.cancelled_caught
+            assert actor.statistics().queued == 0
+            callers.start_soon(collect, actor)  # admitted once the first ends
+            await trio.testing.wait_all_tasks_blocked()
+            provider.release.set()
+        nursery.cancel_scope.cancel()
+    stats = actor.statistics()
+    assert (provider.peak, stats.completed, stats.cancelled) == (1, 2, 0)
 
 
 async def test_stopping_the_actor_ends_queued_and_running_streams_as_unavailable() -> None:
@@ -154,7 +193,7 @@ async def test_stopping_the_actor_ends_queued_and_running_streams_as_unavailable
     assert actor.statistics().queued == 0
 
 
-async def test_a_slow_reader_blocks_its_stream_at_the_chunk_buffer() -> None:
+async def test_a_slow_reader_slows_its_own_stream_only() -> None:
     produced = 0
 
     class Chatty:
@@ -165,15 +204,16 @@ async def test_a_slow_reader_blocks_its_stream_at_the_chunk_buffer() -> None:
                 yield TextDelta(text="x")
             yield FinishChunk(reason="completed")
 
-    actor = ProviderActor(name="chatty", factory=lambda client: Chatty(), chunk_buffer=2)
+    actor = ProviderActor(name="chatty", factory=lambda client: Chatty())
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.serve)
         async with aclosing(actor.stream(REQUEST)) as stream:
             await anext(stream)
             await trio.testing.wait_all_tasks_blocked()
-            # Read 1, buffered 2, one more held by the blocked send.
-            assert produced == 4
-        await trio.testing.wait_all_tasks_blocked()
+            # The request streams in the reader's task: nothing is read ahead of it.
+            assert produced == 1
+            other = [chunk async for chunk in actor.stream(REQUEST)]
+            assert len(other) == 51
         assert actor.statistics().cancelled == 1
         nursery.cancel_scope.cancel()
 

@@ -168,3 +168,29 @@ async def test_the_provider_actor_streams_many_requests_over_http2() -> None:
                     callers.start_soon(one, index)
         assert [f.reason for f in finishes] == ["completed"] * 40
         nursery.cancel_scope.cancel()
+
+
+async def test_a_response_is_closed_before_its_finish_is_handed_over() -> None:
+    engine = SimulatorEngine()
+    settings = HttpClientSettings(pools=2)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_simulator, engine)
+        async with open_http_client(settings) as client:
+            provider = OpenAICompatProvider(client, base_url=url, api_key="sk-simulator")
+            assert isinstance(client, ProviderClient)
+            transport = client.transport
+            assert isinstance(transport, ShardedTransport)
+            for index in range(3):
+                request = GenerateRequest(
+                    config={"provider": "sim", "model": "deepseek-chat"},
+                    messages=[Message.user(f"request {index}")],
+                )
+                async with aclosing(provider.stream_batches(request)) as batches:
+                    async for batch in batches:
+                        if isinstance(batch[-1], FinishChunk):
+                            # Handed over with the response closed: nothing open in any pool.
+                            assert transport.open_responses == (0, 0)
+                            break
+                    else:
+                        raise AssertionError("no finish")
+        nursery.cancel_scope.cancel()
