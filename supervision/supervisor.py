@@ -298,7 +298,8 @@ class Child(Generic[T]):
     _incarnations: int = attrs.field(default=0, init=False)
     _restarts: int = attrs.field(default=0, init=False)
     _exit: ChildExit | None = attrs.field(default=None, init=False)
-    _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # Only while someone waits for a change: an idle child of many keeps no Event.
+    _changed: trio.Event | None = attrs.field(default=None, init=False)
 
     @property
     def id(self) -> str:
@@ -355,7 +356,7 @@ class Child(Generic[T]):
                     f"child {self.id!r} of supervisor {self.supervisor!r} stopped "
                     f"before incarnation {incarnation} ran: {self._exit}"
                 )
-            await self._changed.wait()
+            await self._change()
         return self.value
 
     async def wait_stopped(self) -> ChildExit:
@@ -365,7 +366,7 @@ class Child(Generic[T]):
         """
         await trio.lowlevel.checkpoint()
         while self._exit is None:
-            await self._changed.wait()
+            await self._change()
         return self._exit
 
     def statistics(self) -> ChildStatistics:
@@ -376,8 +377,14 @@ class Child(Generic[T]):
 
     def _set_state(self, state: ChildState) -> None:
         self._state = state
-        self._changed.set()
-        self._changed = trio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def _change(self) -> None:
+        if self._changed is None:
+            self._changed = trio.Event()
+        await self._changed.wait()
 
     def _stop(self, exit: ChildExit) -> None:
         self._exit = exit
