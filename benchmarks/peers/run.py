@@ -65,7 +65,9 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with (
         tempfile.NamedTemporaryFile("w", suffix=".json") as workload,
-        start_simulator_process(latency=args.latency, reply_tokens=args.reply_tokens) as sim,
+        start_simulator_process(
+            latency=args.latency, reply_tokens=args.reply_tokens, http2=args.http == "2"
+        ) as sim,
     ):
         workload.write(json.dumps(workload_json()))
         workload.flush()

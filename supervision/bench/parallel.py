@@ -133,7 +133,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         SimulatorProcessError: the simulator did not start.
     """
     rows: list[dict[str, Any]] = []
-    with start_simulator_process(latency=args.latency, reply_tokens=args.reply_tokens) as sim:
+    with start_simulator_process(
+        latency=args.latency, reply_tokens=args.reply_tokens, http2=args.http == "2"
+    ) as sim:
         for sessions in args.sessions:
             settings = LevelSettings(
                 sessions=sessions,

@@ -1,10 +1,13 @@
 """The benchmark's simulator, in its own process so its CPU is not the client's.
 
 `python -m supervision.bench.simulator_process --latency 0.05 --reply-tokens 24`
-serves a `BenchEngine` on a free loopback port (HTTP/1.1, and HTTP/2 with
-prior knowledge, both from Hypercorn) and prints its base URL on the first
-line of stdout. `start_simulator_process` runs it as a child process and
-returns a handle that reads its accounting over HTTP and stops it.
+serves a `BenchEngine` on a free loopback port and prints its base URL on
+the first line of stdout: HTTP/1.1 from Uvicorn (its httptools parser, on
+asyncio: a third of Hypercorn's CPU per request, see benchmarks/README.md),
+or with `--http2` HTTP/1.1 and HTTP/2 with prior knowledge from Hypercorn's
+Trio worker. The engine is the same either way (it waits through AnyIO).
+`start_simulator_process` runs it as a child process and returns a handle
+that reads its accounting over HTTP and stops it.
 
 A `BenchEngine` is a `SimulatorEngine` (whose `latency` is the model's time
 to first byte) that keeps two extra counters per run: prompt tokens, and the prompt tokens a perfect
@@ -26,6 +29,7 @@ import argparse
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -37,6 +41,7 @@ import attrs
 import httpx
 import hypercorn.trio
 import trio
+import uvicorn
 from hypercorn.config import Config
 from hypercorn.typing import ASGIFramework
 
@@ -48,13 +53,13 @@ from actors.providers.simulator import (
     SimulatorConfig,
     SimulatorEngine,
 )
+from actors.providers.simulator.answer import Answer
 from actors.providers.simulator.faults import Fault
 from actors.providers.simulator.tokens import render_message
 from actors.providers.simulator.validation import Chat
 
 STATS_PATH = "/_bench/stats"
 RESET_PATH = "/_bench/reset"
-_CHAT_PATHS = ("/chat/completions", "/v1/chat/completions")
 _JSON = (("content-type", "application/json"),)
 
 
@@ -164,7 +169,8 @@ class BenchEngine(SimulatorEngine):
         self.flush_cache()
 
     async def handle(self, request: SimRequest) -> SimResponse:
-        """Answer the accounting routes, or answer and account a chat request."""
+        """Answer the accounting routes, or the simulator's (chat requests are accounted
+        as their answer is composed: `_answer`)."""
         if request.path == STATS_PATH:
             return SimResponse(
                 status=200,
@@ -174,11 +180,7 @@ class BenchEngine(SimulatorEngine):
         if request.path == RESET_PATH:
             self.reset()
             return SimResponse(status=200, headers=_JSON, body=b"{}")
-        if request.path not in _CHAT_PATHS:
-            return await super().handle(request)
-        response = await super().handle(request)
-        self._account(request)
-        return response
+        return await super().handle(request)
 
     def _respond(self, record: RecordedRequest, chat: Chat, fault: Fault) -> SimResponse:
         """Stream the reply with its body written in `BODY_WRITE_BYTES` pieces.
@@ -190,9 +192,15 @@ class BenchEngine(SimulatorEngine):
             fault = attrs.evolve(fault, write_size=BODY_WRITE_BYTES)
         return super()._respond(record, chat, fault)
 
-    def _account(self, request: SimRequest) -> None:
-        record = next((r for r in reversed(self.requests) if r.raw is request.body), None)
-        if record is None or record.usage is None:
+    def _answer(self, record: RecordedRequest, chat: Chat, fault: Fault) -> Answer:
+        """Compose the answer and account it (every answered request, however many are
+        in flight: the count does not depend on `max_recorded`)."""
+        answer = super()._answer(record, chat, fault)
+        self._account(record)
+        return answer
+
+    def _account(self, record: RecordedRequest) -> None:
+        if record.usage is None:
             return
         first = self._counts["chat_requests"] == 0
         prompt_tokens = int(record.usage["prompt_tokens"])
@@ -242,7 +250,7 @@ class SimulatorProcess:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        """Terminate the process and wait for it (killed after 10 s)."""
+        """Terminate the process and wait for it (killed after 10 s); close its stdout."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -250,6 +258,8 @@ class SimulatorProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
     def __enter__(self) -> SimulatorProcess:
         return self
@@ -258,8 +268,15 @@ class SimulatorProcess:
         self.stop()
 
 
-def start_simulator_process(*, latency: float, reply_tokens: int) -> SimulatorProcess:
+def start_simulator_process(
+    *, latency: float, reply_tokens: int, http2: bool = False
+) -> SimulatorProcess:
     """Start the benchmark simulator in a child process; returns once it listens.
+
+    Args:
+        latency: Seconds per request.
+        reply_tokens: The final reply's length.
+        http2: Serve HTTP/2 too (Hypercorn); else HTTP/1.1 only (Uvicorn).
 
     Raises:
         SimulatorProcessError: the process exited or printed no URL.
@@ -273,6 +290,7 @@ def start_simulator_process(*, latency: float, reply_tokens: int) -> SimulatorPr
             str(latency),
             "--reply-tokens",
             str(reply_tokens),
+            *(["--http2"] if http2 else []),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -286,11 +304,18 @@ def start_simulator_process(*, latency: float, reply_tokens: int) -> SimulatorPr
     return SimulatorProcess(url=url, process=process)
 
 
+BACKLOG = 4096
+"""The listening socket's backlog: a level opens up to 1,000 connections at once."""
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Serve a `BenchEngine` on a free loopback port until terminated."""
+    """Serve a `BenchEngine` on a free loopback port until terminated (SIGTERM)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--latency", type=float, default=0.05, help="seconds per request")
     parser.add_argument("--reply-tokens", type=int, default=24, help="final reply length")
+    parser.add_argument(
+        "--http2", action="store_true", help="serve HTTP/2 too (Hypercorn; default: Uvicorn)"
+    )
     args = parser.parse_args(argv)
     engine = BenchEngine(
         SimulatorConfig(
@@ -301,19 +326,50 @@ def main(argv: Sequence[str] | None = None) -> None:
             max_recorded=64,
         )
     )
+    app = SimulatorApp(engine)
+    if args.http2:
+        _serve_hypercorn(app)
+    else:
+        _serve_uvicorn(app)
 
+
+def _serve_uvicorn(app: SimulatorApp) -> None:
+    """HTTP/1.1 on asyncio; the socket is bound and listening before the URL is printed."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(BACKLOG)
+    host, port = listener.getsockname()
+    config = uvicorn.Config(
+        app,
+        http="httptools",
+        ws="none",
+        loop="asyncio",
+        lifespan="off",
+        interface="asgi3",
+        access_log=False,
+        log_level="warning",
+        server_header=False,
+        backlog=BACKLOG,
+    )
+    print(f"http://{host}:{port}", flush=True)
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def _serve_hypercorn(app: SimulatorApp) -> None:
+    """HTTP/1.1 and HTTP/2 (prior knowledge) on Trio."""
     config = Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
     config.errorlog = logging.getLogger("supervision.bench.simulator")
-    config.backlog = 4096
+    config.backlog = BACKLOG
     # One HTTP/2 connection may carry every request of a run.
     config.h2_max_concurrent_streams = 100_000
-    app = cast(ASGIFramework, SimulatorApp(engine))
+    framework = cast(ASGIFramework, app)
 
     async def serve() -> None:
         async with trio.open_nursery() as nursery:
-            binds: list[str] = await nursery.start(partial(hypercorn.trio.serve, app, config))
+            binds: list[str] = await nursery.start(partial(hypercorn.trio.serve, framework, config))
             print(binds[0], flush=True)
 
     trio.run(serve)

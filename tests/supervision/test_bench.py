@@ -8,13 +8,18 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
-from actors.providers.simulator import SimulatorConfig, serve_simulator
+from actors.providers.simulator import SimRequest, SimulatorConfig, serve_simulator
 from actors.providers.simulator.tokens import render_message
 from supervision.bench.harness_run import LevelSettings, run_level
 from supervision.bench.report import format_table, write_plot
-from supervision.bench.simulator_process import BenchEngine, physical_hit_limit
+from supervision.bench.simulator_process import (
+    BenchEngine,
+    physical_hit_limit,
+    start_simulator_process,
+)
 from supervision.bench.workload import (
     SESSION_MARK,
     tool_definitions,
@@ -162,4 +167,51 @@ def test_harness_bench_parallel_runs_levels_in_child_processes(tmp_path: Path) -
     (row,) = json.loads(out.read_text())
     assert (row["framework"], row["sessions"], row["failed_turns"]) == ("harness", 3, 0)
     assert row["cache"]["of_limit"] == 1.0
+    # Every request was accounted: 2 warm-up turns, 3 sessions, the idle probe, 1 sequential.
+    assert row["cache"]["chat_requests"] == 2 * (2 + 3 + 1 + 1)
     assert "harness" in done.stdout.splitlines()[1]
+
+
+async def test_every_answered_request_is_accounted_however_many_are_in_flight() -> None:
+    # More requests wait on the model at once than the engine records.
+    engine = BenchEngine(SimulatorConfig(latency=1.0, max_recorded=2))
+    body = json.dumps({"model": "deepseek-chat", "messages": [SYSTEM, USER], "stream": True})
+    request = SimRequest(
+        method="POST",
+        path="/chat/completions",
+        headers={"authorization": "Bearer sk-simulator"},
+        body=body.encode(),
+    )
+
+    async def one() -> None:
+        response = await engine.handle(request)
+        assert response.status == 200
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(one)
+    accounting = engine.accounting()
+    assert accounting.chat_requests == 10
+    assert accounting.prompt_tokens == 10 * len(render_message(SYSTEM) + render_message(USER))
+
+
+@pytest.mark.parametrize("http2", [False, True])
+def test_the_simulator_process_serves_chat_and_its_routes(http2: bool) -> None:
+    # Uvicorn (HTTP/1.1) by default; Hypercorn (HTTP/1.1 and HTTP/2) with http2.
+    with start_simulator_process(latency=0.0, reply_tokens=5, http2=http2) as sim:
+        with httpx.Client(http1=not http2, http2=http2) as client:
+            response = client.post(
+                sim.url + "/chat/completions",
+                headers={"authorization": "Bearer sk-simulator"},
+                json={"model": "deepseek-chat", "messages": [USER]},
+            )
+        assert response.status_code == 200 and response.http_version == (
+            "HTTP/2" if http2 else "HTTP/1.1"
+        )
+        assert response.json()["object"] == "chat.completion"
+        accounting = sim.accounting()
+        assert accounting.chat_requests == 1 and accounting.prompt_tokens > 0
+        sim.reset()
+        assert sim.accounting().chat_requests == 0
+        assert sim.cpu_seconds() > 0
+    assert sim.process.poll() is not None

@@ -16,7 +16,6 @@ that drop it hit the cache alike.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,8 +31,10 @@ from actors.providers.simulator.model import (
     deterministic_reply,
     tool_call_json,
 )
+from actors.providers.simulator.prompt_chain import PromptChains
 from actors.providers.simulator.script import ModelScript
-from actors.providers.simulator.tokens import render_message, render_prompt, tokenize
+from actors.providers.simulator.tokens import message_text, tokenize
+from actors.providers.simulator.tool_lists import ToolLists
 from actors.providers.simulator.validation import Chat
 
 
@@ -64,6 +65,8 @@ def compose_answer(
     replies: ReplyScript,
     script: ModelScript | None,
     cache: PrefixCache,
+    chains: PromptChains,
+    tool_lists: ToolLists,
     reply_tokens: int,
 ) -> Answer:
     """Answer `chat`, accounting its prompt and reply in `cache`.
@@ -75,10 +78,16 @@ def compose_answer(
         script: Reply rules tried when no reply is queued.
         cache: The prefix cache, looked up for the prompt and then given the
             prompt followed by the reply.
+        chains: The memo of the prompt's tokens and block digests, per
+            segment (the same figures as rendering the whole prompt).
+        tool_lists: Renders the tool header once per distinct tools list.
         reply_tokens: The length of a deterministic filler reply, in tokens.
     """
-    prompt = render_prompt(chat.tools, _as_seen(chat.messages, chat.thinking))
-    seed = hashlib.sha256("".join(prompt).encode()).digest()
+    header = tool_lists.header(chat.tools)
+    texts = [header] if header else []
+    texts += [message_text(message) for message in _as_seen(chat.messages, chat.thinking)]
+    prompt, prompt_digests = chains.walk(chat.cache_key, texts)
+    seed = prompt.seed
     ruled = script.reply_for(chat.messages) if script is not None else None
     if ruled is not None:
         ruled = attrs.evolve(ruled, reasoning=_reasoning_in_mode(ruled, chat))
@@ -108,20 +117,24 @@ def compose_answer(
     if finish is None:
         finish = "tool_calls" if calls else "length" if truncated else "stop"
     reasoning_tokens = tokenize(reply.reasoning)
-    completion = render_message(_echo(reply, chat.thinking and chat.profile != "r1"))
-    hit = cache.lookup_and_insert(chat.cache_key, prompt, completion)
+    completion = chains.extend(
+        prompt, message_text(_echo(reply, chat.thinking and chat.profile != "r1"))
+    )
+    hit = cache.lookup_and_insert_digests(
+        [*prompt_digests, *completion.blocks], len(prompt_digests)
+    )
     completion_count = (
         len(reasoning_tokens)
         + len(text_tokens)
         + sum(len(tokenize(call.name + call.arguments)) for call in calls)
     )
     usage: dict[str, Any] = {
-        "prompt_tokens": len(prompt),
+        "prompt_tokens": prompt.tokens,
         "completion_tokens": completion_count,
-        "total_tokens": len(prompt) + completion_count,
+        "total_tokens": prompt.tokens + completion_count,
         "prompt_tokens_details": {"cached_tokens": hit},
         "prompt_cache_hit_tokens": hit,
-        "prompt_cache_miss_tokens": len(prompt) - hit,
+        "prompt_cache_miss_tokens": prompt.tokens - hit,
     }
     if reasoning_tokens:
         usage["completion_tokens_details"] = {"reasoning_tokens": len(reasoning_tokens)}

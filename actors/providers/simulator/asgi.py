@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, TypeAlias
 
-import trio
+import anyio
 
 from actors.providers.simulator.engine import SimulatorEngine
 from actors.providers.simulator.exchange import ConnectionReset, SimRequest
@@ -60,10 +60,10 @@ class SimulatorApp:
             },
             body=body,
         )
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+        async with anyio.create_task_group() as group:
+            group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
             await self._answer(request, send)
-            nursery.cancel_scope.cancel()
+            group.cancel_scope.cancel()
 
     async def _answer(self, request: SimRequest, send: Send) -> None:
         try:
@@ -105,7 +105,7 @@ class SimulatorApp:
         return bytes(body)
 
 
-async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()

@@ -102,20 +102,31 @@ class PrefixCache:
         The prompt's blocks are the first blocks of prompt + completion, so
         one pass of the digest chain serves both.
         """
+        digests = list(self._digests(key, [*prompt, *completion]))
+        return self.lookup_and_insert_digests(digests, len(prompt) // self._block)
+
+    def lookup_and_insert_digests(self, digests: Sequence[bytes], prompt_blocks: int) -> int:
+        """`lookup_and_insert` for a prompt + completion already digested (`block_digests`).
+
+        Args:
+            digests: The chained digests of every whole block of prompt +
+                completion under the key, in order.
+            prompt_blocks: How many of them are the prompt's (its whole blocks).
+        """
         now = self._clock()
         self._expire(now)
         self._lookups += 1
-        digests = list(self._digests(key, [*prompt, *completion]))
+        blocks = self._blocks
         hit = 0
-        for digest in digests[: len(prompt) // self._block]:
-            if digest not in self._blocks:
+        for digest in digests[:prompt_blocks]:
+            if digest not in blocks:
                 break
             hit += self._block
         for digest in digests:
-            self._blocks[digest] = now
-            self._blocks.move_to_end(digest)
-        while len(self._blocks) > self._max_blocks:
-            self._blocks.popitem(last=False)
+            blocks[digest] = now
+            blocks.move_to_end(digest)
+        while len(blocks) > self._max_blocks:
+            blocks.popitem(last=False)
             self._evictions += 1
         self._hit_tokens += hit
         return hit
@@ -147,12 +158,28 @@ class PrefixCache:
             self._evictions += 1
 
     def _digests(self, key: str, tokens: Sequence[str]) -> Iterator[bytes]:
-        digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+        digest = key_digest(key)
         for start in range(0, len(tokens) - self._block + 1, self._block):
             block = tokens[start : start + self._block]
-            h = hashlib.blake2b(digest, digest_size=16)
-            # The token lengths, then the text: different splits of the same text differ.
-            h.update(array("Q", map(len, block)).tobytes())
-            h.update("".join(block).encode())
-            digest = h.digest()
+            digest = block_digest(digest, array("Q", map(len, block)).tobytes(), "".join(block))
             yield digest
+
+
+def key_digest(key: str) -> bytes:
+    """The digest a chain of blocks under `key` starts from."""
+    return hashlib.blake2b(key.encode(), digest_size=16).digest()
+
+
+def block_digest(previous: bytes, lengths: bytes, text: str) -> bytes:
+    """The chained digest of one block after the digest `previous`.
+
+    Args:
+        previous: The digest of the blocks before it (`key_digest` for the first).
+        lengths: The block's token lengths, as the bytes of an `array("Q")`:
+            different splits of the same text differ.
+        text: The block's text (its tokens joined).
+    """
+    h = hashlib.blake2b(previous, digest_size=16)
+    h.update(lengths)
+    h.update(text.encode())
+    return h.digest()

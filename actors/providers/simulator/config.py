@@ -65,6 +65,10 @@ class SimulatorConfig:
         cache_block_tokens: Prefix-cache block size.
         cache_ttl: Seconds an unused cache block lives; None: until evicted.
         cache_max_blocks: The most cache blocks kept.
+        prompt_memo_segments: The most prompt segments (tool headers,
+            messages) whose tokens and block digests are memoized
+            (`PromptChains`, least recently used evicted first).
+        prompt_memo_chars: The most characters of segment text that memo keeps.
         max_body_bytes: The largest request body accepted (413 beyond).
         max_recorded: How many recent chat requests `requests` keeps.
     """
@@ -81,6 +85,8 @@ class SimulatorConfig:
     cache_block_tokens: int = 64
     cache_ttl: float | None = None
     cache_max_blocks: int = 1 << 16
+    prompt_memo_segments: int = 8192
+    prompt_memo_chars: int = 1 << 24
     max_body_bytes: int = 8 * 1024 * 1024
     max_recorded: int = 1000
 
@@ -98,3 +104,5 @@ class SimulatorConfig:
             raise ValueError(f"token_rate must be finite and >= 0, got {self.token_rate!r}")
         if self.max_body_bytes < 1 or self.max_recorded < 1:
             raise ValueError("max_body_bytes and max_recorded must be positive")
+        if self.prompt_memo_segments < 1 or self.prompt_memo_chars < 1:
+            raise ValueError("prompt_memo_segments and prompt_memo_chars must be positive")

@@ -15,6 +15,11 @@ accounted in the prefix cache, and streamed as server-sent events
 sent as one `chat.completion` body (`completion`). Every chat request is
 recorded (`requests`), including what became of it: completed, rejected,
 reset, or disconnected by the client.
+
+The engine waits through AnyIO, so it runs under Trio (the tests, the
+demo, `serve_simulator`) and under asyncio (the benchmark's simulator
+process, served by Uvicorn); under Trio every wait is Trio's own, so
+`autojump_clock` tests take no real time.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, Literal, TypeAlias
 
+import anyio
 import attrs
-import trio
 
 from actors.providers.simulator.answer import Answer, compose_answer
 from actors.providers.simulator.cache import CacheStatistics, PrefixCache
@@ -42,6 +47,7 @@ from actors.providers.simulator.exchange import (
 )
 from actors.providers.simulator.faults import FAULT_HEADER, Fault, FaultError, FaultPlan
 from actors.providers.simulator.model import ReplyScript
+from actors.providers.simulator.prompt_chain import PromptChains
 from actors.providers.simulator.responses import (
     error_response,
     fault_response,
@@ -49,6 +55,7 @@ from actors.providers.simulator.responses import (
     stream_response,
 )
 from actors.providers.simulator.streaming import Frame, Frames, write_events
+from actors.providers.simulator.tool_lists import ToolLists
 from actors.providers.simulator.validation import Chat, Rejection, parse_chat
 
 __all__ = [
@@ -105,7 +112,7 @@ class RecordedRequest:
     status: int | None = None
     usage: Mapping[str, Any] | None = None
     outcome: Outcome = "pending"
-    _settled: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _settled: anyio.Event = attrs.field(factory=anyio.Event, init=False)
 
     async def wait_settled(self) -> Outcome:
         """Wait until the request's outcome is final (not pending or streaming); return it.
@@ -145,7 +152,8 @@ class SimulatorEngine:
 
     Args:
         config: Behaviour knobs.
-        clock: Monotonic seconds, for cache TTLs (default `trio.current_time`).
+        clock: Monotonic seconds, for cache TTLs (default `anyio.current_time`: the
+            event loop's clock, Trio's under Trio).
         wall_clock: Epoch seconds, for the `created` field of chunks.
 
     Attributes:
@@ -157,7 +165,7 @@ class SimulatorEngine:
         self,
         config: SimulatorConfig | None = None,
         *,
-        clock: Callable[[], float] = trio.current_time,
+        clock: Callable[[], float] = anyio.current_time,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config or SimulatorConfig()
@@ -170,6 +178,12 @@ class SimulatorEngine:
             max_blocks=self.config.cache_max_blocks,
             clock=clock,
         )
+        self._chains = PromptChains(
+            block_tokens=self.config.cache_block_tokens,
+            max_nodes=self.config.prompt_memo_segments,
+            max_chars=self.config.prompt_memo_chars,
+        )
+        self._tool_lists = ToolLists()
         self._records: deque[RecordedRequest] = deque(maxlen=self.config.max_recorded)
         self._chat_requests = 0
         self._streaming = 0
@@ -280,7 +294,7 @@ class SimulatorEngine:
             return
         slept = False
         try:
-            await trio.sleep(seconds)
+            await anyio.sleep(seconds)
             slept = True
         finally:
             if not slept:  # the client gave up waiting for the headers
@@ -303,7 +317,7 @@ class SimulatorEngine:
         except ValueError as exc:
             return error_response(400, f"Failed to deserialize the JSON body: {exc}")
         try:
-            chat = parse_chat(record.body, self.config)
+            chat = parse_chat(record.body, self.config, tool_lists=self._tool_lists)
             fault = self.faults.take(
                 record.number, request.headers.get(FAULT_HEADER), model=chat.model
             )
@@ -327,6 +341,8 @@ class SimulatorEngine:
             replies=self.replies,
             script=self.config.script,
             cache=self._cache,
+            chains=self._chains,
+            tool_lists=self._tool_lists,
             reply_tokens=self.config.reply_tokens,
         )
         record.usage = types.MappingProxyType(answer.usage)

@@ -45,7 +45,7 @@ class SimResponse:
 class SimStream:
     """An event-stream body, written piece by piece.
 
-    Iterating it paces the events (on Trio's clock) and raises
+    Iterating it paces the events (on the event loop's clock) and raises
     `ConnectionReset` where the connection must be dropped. Front ends must
     `aclose()` it when they stop iterating early (the client went away), so
     the engine records the disconnect, even if iteration never started.

@@ -2,7 +2,7 @@
 
 `Frames` turns a reply into chat-completion-chunk frames (keep-alives first,
 then the role, reasoning, text and tool-call deltas, the finish chunk, usage
-and `[DONE]` as the `Fault` asks); `write_events` paces them on Trio's clock
+and `[DONE]` as the `Fault` asks); `write_events` paces them on the event loop's clock
 and writes them through a `Writer` (line ends and write sizes), applying the
 fault's resets, stalls, malformed events and llama.cpp pings on the way.
 """
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Callable, Sequence
+from json.encoder import encode_basestring  # what json.dumps uses for a str
 from typing import Any
 
+import anyio
 import attrs
-import trio
 
 from actors.providers.simulator.exchange import ConnectionReset
 from actors.providers.simulator.faults import Fault
@@ -84,9 +85,13 @@ class Frames:
         if reasoning_tokens:
             first = {"role": "assistant", "content": None, "reasoning_content": ""}
         frames.append(self._event({"delta": first}))
-        frames += [self._token({"reasoning_content": token}) for token in reasoning_tokens]
-        frames += [self._token({"content": token}) for token in text_tokens]
-        frames += [self._token({"tool_calls": [piece]}) for piece in self._call_pieces(reply)]
+        head = self._delta_head()
+        frames += [self._text(head, "reasoning_content", token) for token in reasoning_tokens]
+        frames += [self._text(head, "content", token) for token in text_tokens]
+        frames += [
+            self._delta(head, _compact({"tool_calls": [piece]}))
+            for piece in self._call_pieces(reply)
+        ]
         with_usage = fault.usage == "final" and not fault.llama_cpp
         frames.append(
             self._event(
@@ -125,8 +130,22 @@ class Frames:
             if position < len(sequence)
         ]
 
-    def _token(self, delta: dict[str, Any]) -> Frame:
-        return attrs.evolve(self._event({"delta": delta}), delay=self.token_delay)
+    def _delta_head(self) -> str:
+        """The text of a delta event up to its delta: `_delta` completes it.
+
+        Rendered once per reply from the chunk `_event` builds, so a delta
+        event's bytes are exactly `_event({"delta": ...})`'s.
+        """
+        data = self._event({"delta": 0}).text
+        return data[: -len(_DELTA_TAIL) - 1]
+
+    def _text(self, head: str, field: str, token: str) -> Frame:
+        """The delta event of one reasoning or text token (`{field: token}`)."""
+        return self._delta(head, f'{{"{field}":{encode_basestring(token)}}}')
+
+    def _delta(self, head: str, delta: str) -> Frame:
+        """A token frame: the delta event whose delta is the JSON text `delta`."""
+        return Frame(text=f"{head}{delta}{_DELTA_TAIL}", event=True, delay=self.token_delay)
 
     def _event(
         self, choice: dict[str, Any] | None, *, usage: dict[str, Any] | None = None
@@ -145,8 +164,15 @@ class Frames:
             ]
         if usage is not None:
             chunk["usage"] = usage
-        data = json.dumps(chunk, separators=(",", ":"), ensure_ascii=False)
-        return Frame(text=f"data: {data}\n\n", event=True)
+        return Frame(text=f"data: {_compact(chunk)}\n\n", event=True)
+
+
+_DELTA_TAIL = "}]}\n\n"
+"""What follows the delta in a delta event (the delta is the last field of the last object)."""
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 @attrs.define(kw_only=True, eq=False)
@@ -191,7 +217,7 @@ async def write_events(
     on_complete: Callable[[], None],
     on_reset: Callable[[int], ConnectionReset],
 ) -> AsyncGenerator[bytes, None]:
-    """The bytes of `frames`, paced on Trio's clock, with `fault`'s stream faults applied.
+    """The bytes of `frames`, paced on the event loop's clock, with `fault`'s stream faults applied.
 
     Data events are counted from 0; before the event numbered
     `reset_after_chunks` the stream flushes and raises, before the one
@@ -216,6 +242,16 @@ async def write_events(
     without calling `on_complete`.
     """
     writer = Writer(size=fault.write_size, newline="\r\n" if fault.crlf else "\n")
+    if frames and writer.size is not None and _unbroken(fault) and not any(f.delay for f in frames):
+        # Nothing to pace or break, and the writer re-cuts: the same writes, in one pass.
+        await anyio.lowlevel.checkpoint()
+        for piece in writer.push("".join(frame.text for frame in frames[:-1])):
+            yield piece
+        last = [*writer.push(frames[-1].text), *writer.flush()]
+        on_complete()
+        for piece in last:
+            yield piece
+        return
     sent = 0
     for position, frame in enumerate(frames):
         pieces: list[bytes] = []
@@ -225,12 +261,12 @@ async def write_events(
                     yield piece
                 if fault.reset_after_chunks == sent:
                     raise on_reset(sent)
-                await trio.sleep_forever()
+                await anyio.sleep_forever()
             if fault.trickle_after_chunks == sent:
                 for piece in writer.flush():
                     yield piece
                 while True:
-                    await trio.sleep(fault.keepalive_interval)
+                    await anyio.sleep(fault.keepalive_interval)
                     for piece in [*writer.push(f"{fault.keepalive_line}\n\n"), *writer.flush()]:
                         yield piece
             if fault.malformed_after_chunks == sent:
@@ -239,12 +275,23 @@ async def write_events(
                 pieces += writer.push(": ping\n\n")
             sent += 1
         if frame.delay:
-            await trio.sleep(frame.delay)
+            await anyio.sleep(frame.delay)
         else:
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
         pieces += writer.push(frame.text)
         if position == len(frames) - 1:
             pieces += writer.flush()
             on_complete()
         for piece in pieces:
             yield piece
+
+
+def _unbroken(fault: Fault) -> bool:
+    """Whether `fault` leaves every event of the stream as it is (line ends and writes aside)."""
+    return (
+        fault.reset_after_chunks is None
+        and fault.stall_after_chunks is None
+        and fault.trickle_after_chunks is None
+        and fault.malformed_after_chunks is None
+        and not fault.llama_cpp
+    )

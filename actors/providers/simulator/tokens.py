@@ -51,16 +51,22 @@ def content_text(content: object) -> str:
     raise TypeError(f"content must be a string, null or a list of text parts, got {content!r}")
 
 
+def tools_text(tools: Sequence[Any] | None) -> str:
+    """The rendered text of the tool header (empty when there are no tools)."""
+    if not tools:
+        return ""
+    text = json.dumps(list(tools), separators=(",", ":"), ensure_ascii=False)
+    return f"<|tools|>{text}<|/tools|>"
+
+
 def render_tools(tools: Sequence[Any] | None) -> list[str]:
     """The tokens of the tool header (none when there are no tools)."""
-    if not tools:
-        return []
-    text = json.dumps(list(tools), separators=(",", ":"), ensure_ascii=False)
-    return tokenize(f"<|tools|>{text}<|/tools|>")
+    text = tools_text(tools)
+    return tokenize(text) if text else []
 
 
-def render_message(message: Mapping[str, Any]) -> list[str]:
-    """The tokens of one (validated) chat message."""
+def message_text(message: Mapping[str, Any]) -> str:
+    """The rendered text of one (validated) chat message, which `render_message` tokenizes."""
     role = message["role"]
     parts = [f"<|{role}|>"]
     if role == "tool":
@@ -73,7 +79,12 @@ def render_message(message: Mapping[str, Any]) -> list[str]:
         function = call["function"]
         parts.append(f"<|call {call['id']} {function['name']}|>{function['arguments']}")
     parts.append("<|end|>")
-    return tokenize("".join(parts))
+    return "".join(parts)
+
+
+def render_message(message: Mapping[str, Any]) -> list[str]:
+    """The tokens of one (validated) chat message."""
+    return tokenize(message_text(message))
 
 
 def render_prompt(tools: Sequence[Any] | None, messages: Iterable[Mapping[str, Any]]) -> list[str]:

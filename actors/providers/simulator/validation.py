@@ -19,6 +19,7 @@ from actors.providers.simulator.choice import ToolChoice
 from actors.providers.simulator.config import Profile, SimulatorConfig
 from actors.providers.simulator.parameters import parse_parameters
 from actors.providers.simulator.rejection import Rejection as Rejection
+from actors.providers.simulator.tool_lists import ToolLists
 
 _ROLES = ("system", "user", "assistant", "tool")
 
@@ -57,12 +58,16 @@ class Chat:
     tool_choice: ToolChoice
 
 
-def parse_chat(body: object, config: SimulatorConfig) -> Chat:
+def parse_chat(
+    body: object, config: SimulatorConfig, *, tool_lists: ToolLists | None = None
+) -> Chat:
     """Validate a parsed chat-completions body.
 
     Args:
         body: The request body, parsed from JSON.
         config: Supplies the known models' profiles and the default profile.
+        tool_lists: Remembers tools lists that passed their checks, so an
+            equal list is not checked again (None: check every time).
 
     Raises:
         Rejection: the body breaks one of DeepSeek's rules; the first
@@ -97,7 +102,9 @@ def parse_chat(body: object, config: SimulatorConfig) -> Chat:
     )
     _check_reasoning(messages, profile, thinking)
     tools = body.get("tools")
-    if tools is not None:
+    if isinstance(tools, list) and tool_lists is not None:
+        tool_lists.check(tools, _check_tools)
+    elif tools is not None:
         _check_tools(tools)
     parameters = parse_parameters(body, thinking=thinking, tools=tools)
     user = body.get("user")
