@@ -6,6 +6,13 @@ runtime context → projection → pre-step listeners → (if entered)
 header (if new or changed), flush, request, chunks, `assistant/message`,
 tool calls and results, `step/end`. Every failure ends the turn with a
 `turn/end` that says why; only a failure to write the log escapes.
+
+Events that follow each other with nothing to wait for in between are
+written as one store append (one checkpoint): a step's opening events with
+the header its first attempt sends, the batch carrying the finish with the
+answer and its tool calls, the tool results with `step/end`, and the last
+step's `step/end` with `turn/end`. The log holds the same events in the
+same order as with one append each.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from actors.session.errors import SessionError
 from actors.session.events import (
     AssistantChunk,
     AssistantMessage,
+    Event,
     EventData,
     RequestHeaderLogged,
     RequestRetry,
@@ -143,6 +151,8 @@ class AgentLoop:
     """The next-turn message the current (or last) turn's first step claimed, if any."""
     _resumed: bool = attrs.field(default=False, init=False)
     _hibernated: bool = attrs.field(default=False, init=False)
+    _closing: list[EventData] = attrs.field(factory=list, init=False)
+    """The last step's closing events (tool results, `step/end`), written with `turn/end`."""
 
     def __attrs_post_init__(self) -> None:
         self._config = self.options.request_config()
@@ -200,6 +210,7 @@ class AgentLoop:
         self.abort_cause = "disposed"
         self.keep_claimed_on_abort = False
         self.turn_message = None
+        self._closing = []
         await self.session.append(TurnStart(turn=turn))
         reason: TurnEndReason | None = None
         log_broken = False
@@ -228,8 +239,9 @@ class AgentLoop:
                     self.inbox.put_back(self._unentered)
                     on_parked()
                 self._unentered = None
+            closing, self._closing = self._closing, []
             if reason is not None:
-                await self._append_shielded(TurnEnd(turn=turn, reason=reason), flush=True)
+                await self._append_shielded(*closing, TurnEnd(turn=turn, reason=reason), flush=True)
         return reason
 
     async def _turn_body(self, turn: int) -> TurnEndReason:
@@ -312,36 +324,75 @@ class AgentLoop:
                 raise TypeError(f"step {turn}.{step} entered a non-user message: {message!r}")
             opening.append(UserMessage(content=message.content, source=message.source))
         self._steps += 1
-        await self.session.extend(opening)
+        # Rendered before the step opens, so that the header its first attempt
+        # sends (when new or changed) is written with the opening events; a
+        # failure is reported once the step is open, as if rendered after.
+        header: RequestHeader | None = None
+        render_failure: Exception | None = None
         try:
-            try:
-                system = render_prompt(assembly)
-            except PromptError as exc:
-                return TurnEndReason.failed(TurnError(message=str(exc), code=RENDER_FAILED))
-            header = self.request_header(system, assembly)
-            result = await self._request_with_retries(turn, step, header)
+            header = self.request_header(render_prompt(assembly), assembly)
+        except Exception as exc:
+            render_failure = exc
+        header_event = None if header is None else self._header_event(header)
+        if header_event is None:
+            await self.session.extend(opening)
+        else:
+            await self.session.extend([*opening, header_event])
+            self._header_was_logged(header_event.header)
+        closing: list[EventData] = []
+        goes_on = False
+        try:
+            if isinstance(render_failure, PromptError):
+                return TurnEndReason.failed(
+                    TurnError(message=str(render_failure), code=RENDER_FAILED)
+                )
+            if render_failure is not None:
+                raise render_failure
+            assert header is not None
+            streamed = await self._request_with_retries(turn, step, header)
+            result = streamed.result
             if result.reason == "max-tokens":
-                await self.session.append(
-                    AssistantMessage(
+                answer = AssistantMessage(
+                    turn=turn,
+                    step=step,
+                    message=result.message(with_tool_calls=False),
+                    usage=result.usage,
+                )
+                await self._log_answer(streamed, [answer])
+                return TurnEndReason(kind="max-tokens")
+            try:
+                message = result.message(with_tool_calls=True)
+            except Exception:
+                await self._log_answer(streamed, [])
+                raise
+            answer = AssistantMessage(turn=turn, step=step, message=message, usage=result.usage)
+            if message.tool_calls:
+                calls = [
+                    ToolCallRequested(
                         turn=turn,
                         step=step,
-                        message=result.message(with_tool_calls=False),
-                        usage=result.usage,
+                        call_id=block.id,
+                        name=block.name,
+                        arguments=block.arguments,
                     )
-                )
-                return TurnEndReason(kind="max-tokens")
-            message = result.message(with_tool_calls=True)
-            await self.session.append(
-                AssistantMessage(turn=turn, step=step, message=message, usage=result.usage)
-            )
-            if message.tool_calls:
-                await self._run_tools(turn, step, message)
+                    for block in message.tool_calls
+                ]
+                logged = await self._log_answer(streamed, [answer, *calls])
+                await self._run_tools(turn, step, logged[-len(calls) :], closing)
+                goes_on = True
                 return None
+            await self._log_answer(streamed, [answer])
             if self.inbox.has_step_work():
+                goes_on = True
                 return None
             return TurnEndReason.completed()
         finally:
-            await self._append_shielded(StepEnd(turn=turn, step=step))
+            closing.append(StepEnd(turn=turn, step=step))
+            if goes_on:
+                await self._append_shielded(*closing)
+            else:
+                # The turn ends here (or is failing): `run_turn` writes these with `turn/end`.
+                self._closing = closing
 
     def request_header(self, system: str, assembly: PromptAssembly) -> RequestHeader:
         """The canonical header a step with this system text and assembly sends.
@@ -365,7 +416,8 @@ class AgentLoop:
         last = self._last_header
         return header is last or header_equals(last, header)
 
-    async def _log_header(self, header: RequestHeader) -> None:
+    def _header_event(self, header: RequestHeader) -> RequestHeaderLogged | None:
+        """The `request/header` event an attempt sending `header` logs first, if any."""
         if not self._header_logged:
             reason: Literal["initial", "resume", "change"] = (
                 "resume" if self._resumed else "initial"
@@ -373,14 +425,21 @@ class AgentLoop:
         elif not self._same_header(header):
             reason = "change"
         else:
-            return
-        await self.session.append(RequestHeaderLogged(header=header, reason=reason))
+            return None
+        return RequestHeaderLogged(header=header, reason=reason)
+
+    def _header_was_logged(self, header: RequestHeader) -> None:
         self._last_header = header
         self._header_logged = True
 
-    async def _request_with_retries(
-        self, turn: int, step: int, header: RequestHeader
-    ) -> StreamAccumulator:
+    async def _log_header(self, header: RequestHeader) -> None:
+        event = self._header_event(header)
+        if event is not None:
+            await self.session.append(event)
+            self._header_was_logged(header)
+
+    async def _request_with_retries(self, turn: int, step: int, header: RequestHeader) -> _Streamed:
+        """Send attempts until one does not fail; its finishing batch is left to the caller."""
         attempt = 0
         retry: RequestRetry | None = None
         while True:
@@ -396,10 +455,12 @@ class AgentLoop:
             request = GenerateRequest(
                 config=header.config, system=header.system, tools=header.tools, messages=messages
             )
-            result = await self._stream(turn, step, request)
-            failure = result.failure
+            streamed = await self._stream(turn, step, request)
+            failure = streamed.result.failure
             if failure is None:
-                return result
+                return streamed
+            # A failed attempt keeps its chunks in the log (and gets no answer).
+            await self._log_answer(streamed, [])
             delay_ms = await self._retry_delay(failure, attempt)
             if delay_ms is None:
                 raise _TurnFailed(TurnEndReason.failed(_failure_error(failure)))
@@ -426,58 +487,84 @@ class AgentLoop:
                 )
         return self.options.retry.delay_ms(failure, attempt, self.rng)
 
-    async def _stream(self, turn: int, step: int, request: GenerateRequest) -> StreamAccumulator:
+    async def _stream(self, turn: int, step: int, request: GenerateRequest) -> _Streamed:
+        """Stream one attempt, logging each batch of chunks as one append, up to the finish.
+
+        The batch that carries the finish is not logged here: the caller
+        logs it with the events that follow it (`_log_answer`).
+        """
         self._requests += 1
         result = StreamAccumulator()
+        final: list[EventData] = []
+        before_final: AssistantMessage | None = None
         finished = False
         try:
             async with aclosing(chunk_batches(self.provider, request)) as batches:
                 async for batch in batches:
-                    # The chunks of one batch are logged as one append, up to the finish.
                     end = next(
                         (n + 1 for n, chunk in enumerate(batch) if isinstance(chunk, FinishChunk)),
-                        len(batch),
+                        None,
                     )
-                    taken = batch[:end]
-                    await self.session.extend(
-                        [AssistantChunk(turn=turn, step=step, chunk=chunk) for chunk in taken]
-                    )
+                    taken = batch if end is None else batch[:end]
+                    events: list[EventData] = [
+                        AssistantChunk(turn=turn, step=step, chunk=chunk) for chunk in taken
+                    ]
+                    if end is None:
+                        await self.session.extend(events)
+                        for chunk in taken:
+                            result.add(chunk)
+                        continue
+                    before_final = _interrupted_answer(turn, step, result)
+                    final = events
                     for chunk in taken:
                         result.add(chunk)
-                    if result.finish is not None:
-                        break
+                    break
             finished = True
         finally:
-            if not finished and result.has_content:
+            if not finished:
                 # Cancelled (or the provider broke) mid-stream: keep what was
-                # streamed as an interrupted answer.
-                await self._append_shielded(
-                    AssistantMessage(
-                        turn=turn,
-                        step=step,
-                        message=result.message(with_tool_calls=False),
-                        usage=result.usage,
-                        interrupted=True,
-                    )
-                )
+                # logged as an interrupted answer.
+                kept = before_final if final else _interrupted_answer(turn, step, result)
+                if kept is not None:
+                    await self._append_shielded(kept)
         if result.finish is None:
             failure = Failure(
                 code="stream_incomplete",
                 message="the provider's stream ended without a finish chunk",
             )
             result.add(FinishChunk(reason="error", failure=failure))
-        return result
+        return _Streamed(result=result, final=final, before_final=before_final)
+
+    async def _log_answer(self, streamed: _Streamed, after: list[EventData]) -> list[Event]:
+        """Log an attempt's finishing batch and `after` (its answer, tool calls) as one append.
+
+        Cancelled before the store took them, nothing of them is logged and
+        what was logged before is kept as an interrupted answer, as when the
+        stream itself is cancelled.
+        """
+        items = [*streamed.final, *after]
+        if not items:
+            return []
+        written = False
+        try:
+            logged = await self.session.extend(items)
+            written = True
+        finally:
+            if not written and streamed.before_final is not None:
+                await self._append_shielded(streamed.before_final)
+        return logged
 
     # -- tools ------------------------------------------------------------
 
-    async def _run_tools(self, turn: int, step: int, message: Message) -> None:
-        calls = [
-            ToolCallRequested(
-                turn=turn, step=step, call_id=block.id, name=block.name, arguments=block.arguments
-            )
-            for block in message.tool_calls
-        ]
-        logged = await self.session.extend(calls)
+    async def _run_tools(
+        self, turn: int, step: int, logged: Sequence[Event], closing: list[EventData]
+    ) -> None:
+        """Run the logged `tool/call`s once durable; their results go to `closing`, in call order.
+
+        Every call gets a result in `closing`, even when cancelled, so the
+        log never holds a tool call the provider would reject as unanswered.
+        """
+        calls = [ToolInvocation.of(self.session.id, event) for event in logged]
         results: list[ToolResult | None] = [None] * len(calls)
 
         async def run_one(index: int, call: ToolInvocation) -> None:
@@ -488,13 +575,14 @@ class AgentLoop:
             # (the call's seq) can never be reused for another call after a
             # crash, and a writer that lost the session (fenced) runs nothing.
             await self.session.flush()
-            async with trio.open_nursery() as nursery:
-                for index, event in enumerate(logged):
-                    nursery.start_soon(run_one, index, ToolInvocation.of(self.session.id, event))
+            if len(calls) == 1:
+                await run_one(0, calls[0])  # one call: no nursery needed
+            else:
+                async with trio.open_nursery() as nursery:
+                    for index, call in enumerate(calls):
+                        nursery.start_soon(run_one, index, call)
         finally:
-            # Every call gets a result, even when cancelled, so the log never
-            # holds a tool call the provider would reject as unanswered.
-            completed = [
+            closing.extend(
                 result
                 if result is not None
                 else ToolResult(
@@ -506,5 +594,31 @@ class AgentLoop:
                     error=ToolError(name="Cancelled", code="cancelled"),
                 )
                 for call, result in zip(calls, results, strict=True)
-            ]
-            await self._append_shielded(*completed)
+            )
+
+
+def _interrupted_answer(turn: int, step: int, result: StreamAccumulator) -> AssistantMessage | None:
+    """The interrupted `assistant/message` keeping what `result` holds, if it holds anything."""
+    if not result.has_content:
+        return None
+    return AssistantMessage(
+        turn=turn,
+        step=step,
+        message=result.message(with_tool_calls=False),
+        usage=result.usage,
+        interrupted=True,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class _Streamed:
+    """One attempt's stream: the chunks folded, and what of it the caller still has to log.
+
+    `final` holds the `assistant/chunk` events of the batch that carried the
+    finish (not logged yet); `before_final` is the interrupted answer that
+    keeps what was logged before them, for when writing them fails.
+    """
+
+    result: StreamAccumulator
+    final: list[EventData]
+    before_final: AssistantMessage | None

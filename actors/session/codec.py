@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 import cattrs
-from cattrs.gen import make_dict_unstructure_fn, override
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
 from actors.jsonvalue import thaw_json
@@ -64,8 +64,36 @@ _CHUNK_TAGS: dict[type, str] = {
 
 
 def _configure_union(union: Any, tags: Mapping[type, str], tag_name: str) -> None:
-    """Structure `union` by its tag, and write the tag as the first key."""
+    """Structure `union` by its tag, and write the tag as the first key.
+
+    Structuring takes a fast path for a well-formed object (a known tag and
+    only the member's own keys besides it: the member's hook reads it in
+    place, without the copy that removes the tag). Anything else goes
+    through cattrs' tagged-union hook, which refuses it with its precise
+    error; both accept exactly the same objects.
+    """
     configure_tagged_union(union, converter, tag_generator=tags.__getitem__, tag_name=tag_name)
+    checked = converter.get_structure_hook(union)
+    by_tag: dict[str, tuple[type, Callable[[Any, type], Any], frozenset[str]]] = {
+        tag: (
+            cls,
+            make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=False),
+            frozenset(field.name for field in attrs.fields(cls)) | {tag_name},
+        )
+        for cls, tag in tags.items()
+    }
+
+    def structure(obj: Any, _: type) -> Any:
+        tag = obj.get(tag_name) if type(obj) is dict else None
+        member = by_tag.get(tag) if isinstance(tag, str) else None
+        if member is not None and obj.keys() <= member[2]:
+            try:
+                return member[1](obj, member[0])
+            except Exception:  # the checked path below raises the precise error
+                pass
+        return checked(obj, union)
+
+    converter.register_structure_hook(union, structure)
     member_hooks: dict[type, Callable[[Any], dict[str, Any]]] = {
         cls: make_dict_unstructure_fn(cls, converter, _cattrs_omit_if_default=True) for cls in tags
     }
@@ -197,12 +225,20 @@ converter.register_structure_hook(RequestHeader, _structure_header)
 converter.register_unstructure_hook(UnknownData, lambda data: thaw_json(data.raw))
 
 
+_DATA_UNSTRUCTURE: dict[type, Callable[[Any], Any]] = {}
+"""Each event data class's unstructure hook (filled below, once every hook is registered)."""
+_DATA_STRUCTURE: dict[str, tuple[type, Callable[[Any, type], Any]]] = {}
+"""Each event type's data class and structure hook (filled below, likewise)."""
+
+
 def _unstructure_event(event: Event) -> dict[str, Any]:
+    data = event.data
+    hook = _DATA_UNSTRUCTURE.get(type(data))
     out: dict[str, Any] = {
         "type": event.type,
         "seq": event.seq,
         "time": event.time,
-        "data": converter.unstructure(event.data),
+        "data": converter.unstructure(data) if hook is None else hook(data),
     }
     if event.surface_op is not None:
         out["surface_op"] = event.surface_op
@@ -213,13 +249,13 @@ def _unstructure_event(event: Event) -> dict[str, Any]:
 
 
 def _structure_event(obj: Any, _: type) -> Event:
-    if not isinstance(obj, Mapping):
+    if type(obj) is not dict and not isinstance(obj, Mapping):
         raise SessionError(f"an event must be a JSON object, got {type(obj).__name__}")
     type_ = obj.get("type")
     seq = obj.get("seq")
-    data_cls = EVENT_TYPES.get(type_) if isinstance(type_, str) else None
+    known = _DATA_STRUCTURE.get(type_) if isinstance(type_, str) else None
     try:
-        if data_cls is None:
+        if known is None:
             if not obj.get("ignorable", False):
                 raise UnknownEventError(
                     f"event seq {seq} has unknown type {type_!r} and is not marked ignorable; "
@@ -227,7 +263,10 @@ def _structure_event(obj: Any, _: type) -> Event:
                 )
             data: Any = UnknownData(raw=obj.get("data", {}))
         else:
-            data = converter.structure(obj["data"], data_cls)
+            data_cls, structure = known
+            data = structure(obj["data"], data_cls)
+        if len(obj) == 4:  # no optional key (the common case): only the envelope's four
+            return Event(type=str(type_), seq=obj["seq"], time=obj["time"], data=data)
         return Event(
             type=str(type_),
             seq=obj["seq"],
@@ -245,12 +284,16 @@ def _structure_event(obj: Any, _: type) -> Event:
 
 converter.register_unstructure_hook(Event, _unstructure_event)
 converter.register_structure_hook(Event, _structure_event)
+# Every hook is registered: look each event data class's hooks up once, not per event.
+_DATA_UNSTRUCTURE.update({cls: converter.get_unstructure_hook(cls) for cls in EVENT_TYPES.values()})
+_DATA_STRUCTURE.update(
+    {name: (cls, converter.get_structure_hook(cls)) for name, cls in EVENT_TYPES.items()}
+)
 
 
 def event_to_json(event: Event) -> dict[str, Any]:
     """The durable JSON form of one event."""
-    out: dict[str, Any] = converter.unstructure(event, Event)
-    return out
+    return _unstructure_event(event)
 
 
 def event_to_shared_json(event: Event) -> dict[str, Any]:
@@ -279,7 +322,7 @@ def event_from_json(obj: Any) -> Event:
         UnknownEventError: an unknown type that is not marked ignorable.
         SessionError: anything else malformed; the message names the seq and type.
     """
-    return converter.structure(obj, Event)
+    return _structure_event(obj, Event)
 
 
 def unstructure_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:

@@ -665,6 +665,10 @@ class GroupCommitter:
         return self._held.get(lease.session_id) == lease
 
 
+_encode_row = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+"""`json.dumps(obj, separators=(",", ":"), allow_nan=False)`, without a new encoder per call."""
+
+
 def encode_rows(session_id: str, start: int, events: Sequence[Event]) -> list[Row]:
     """`events` as stored rows (compact JSON and its checksum), their seqs checked from `start`.
 
@@ -680,7 +684,7 @@ def encode_rows(session_id: str, start: int, events: Sequence[Event]) -> list[Ro
                 f"expected {expected}"
             )
         try:
-            text = json.dumps(event_to_json(event), separators=(",", ":"), allow_nan=False)
+            text = _encode_row(event_to_json(event))
         except (TypeError, ValueError) as exc:
             raise SessionError(
                 f"session {session_id!r}: event seq {event.seq} ({event.type}) "

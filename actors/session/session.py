@@ -15,6 +15,7 @@ from actors.messages import Message
 from actors.session.codec import event_to_json
 from actors.session.errors import SessionError, SessionHibernatingError
 from actors.session.events import (
+    SURFACE_TYPES,
     AssistantMessage,
     Event,
     EventData,
@@ -37,9 +38,6 @@ from actors.session.reducers import (
     surface_events,
 )
 from actors.session.store import SessionStore
-
-_Draft = tuple[EventData, str, Literal["replace"] | None, Sequence[int] | None, bool]
-"""An event before it gets its seq and time: data, type, surface op, cited seqs, ignorable."""
 
 WallClock = Callable[[], int]
 """Returns the wall-clock time in epoch milliseconds."""
@@ -255,9 +253,22 @@ class Session:
         Raises:
             ReplacementError: a replacement cites events it cannot replace.
         """
-        (appended,) = await self._commit(
-            [(data, type or type_of(data), surface_op, source_event_seqs, ignorable)]
-        )
+        type_ = type or type_of(data)
+
+        def build(first: int, now: int) -> list[Event]:
+            return [
+                Event(
+                    type=type_,
+                    seq=first,
+                    time=now,
+                    data=data,
+                    surface_op=surface_op,
+                    source_event_seqs=source_event_seqs,
+                    ignorable=ignorable,
+                )
+            ]
+
+        (appended,) = await self._commit(build, replaces=surface_op is not None)
         return appended
 
     async def extend(self, items: Sequence[EventData]) -> list[Event]:
@@ -267,9 +278,20 @@ class Session:
         cancellation before the store accepted them leaves the log
         unchanged); cheaper when a step logs several events at once.
         """
-        return await self._commit([(data, type_of(data), None, None, False) for data in items])
+        types = [type_of(data) for data in items]
 
-    async def _commit(self, drafts: list[_Draft]) -> list[Event]:
+        def build(first: int, now: int) -> list[Event]:
+            return [
+                Event(type=type_, seq=seq, time=now, data=data)
+                for seq, (type_, data) in enumerate(zip(types, items, strict=True), first)
+            ]
+
+        return await self._commit(build, replaces=False)
+
+    async def _commit(
+        self, build: Callable[[int, int], list[Event]], *, replaces: bool
+    ) -> list[Event]:
+        """Number the events `build(first seq, now)` makes, hand them to the store, keep them."""
         # Uncontended appends take the lock without an extra scheduling point;
         # the store's append is the checkpoint.
         try:
@@ -279,23 +301,7 @@ class Session:
         try:
             if self._hibernated_length is not None:
                 await self.wake()
-            now = self.clock()
-            first = len(self._events)
-            events = [
-                Event(
-                    type=type_,
-                    seq=first + index,
-                    time=now,
-                    data=data,
-                    surface_op=surface_op,
-                    source_event_seqs=source_event_seqs,
-                    ignorable=ignorable,
-                )
-                for index, (data, type_, surface_op, source_event_seqs, ignorable) in enumerate(
-                    drafts
-                )
-            ]
-            replaces = any(event.surface_op is not None for event in events)
+            events = build(len(self._events), self.clock())
             if replaces:
                 surface = derive_messages([*self._events, *events])
             await self.store.append(self.id, events, lease=self.lease)
@@ -304,7 +310,7 @@ class Session:
                 self._surface = surface
             else:
                 for event in events:
-                    if event.is_surface:
+                    if event.type in SURFACE_TYPES:
                         self._surface.append(message_of(event))
             if self._extension_waited and self._extended is not None:
                 self._extension_waited = False

@@ -68,7 +68,11 @@ async def test_the_chunks_of_one_batch_are_logged_in_one_append_up_to_the_finish
         agent.followup("hi")
         await agent.when_idle()
     chunk_appends = [types for types in store.appends if "assistant/chunk" in types]
-    assert chunk_appends == [["assistant/chunk"] * 3, ["assistant/chunk"] * 2]
+    # The finishing batch goes out with the answer that follows it, in the same append.
+    assert chunk_appends == [
+        ["assistant/chunk"] * 3,
+        ["assistant/chunk"] * 2 + ["assistant/message"],
+    ]
     (message,) = [e.data.message for e in agent.session.events if e.type == "assistant/message"]
     assert message.text == "abcd"  # nothing after the finish is logged or kept
 

@@ -210,3 +210,53 @@ def test_logged_tool_lists_are_fresh_copies_even_when_served_from_the_cache() ->
 def test_a_request_header_config_must_be_a_json_object() -> None:
     with pytest.raises(TypeError, match="config must be a JSON object"):
         RequestHeader(config=["provider", "model"])  # type: ignore[arg-type]
+
+
+CHUNK_EVENT = {"type": "assistant/chunk", "seq": 4, "time": 0, "data": {"turn": 0, "step": 0}}
+
+
+@pytest.mark.parametrize(
+    ("chunk", "complaint"),
+    [
+        ({"type": "text", "text": "hi", "extra": 1}, "extra"),  # a key the member lacks
+        ({"type": "sparkle", "text": "hi"}, "sparkle"),  # an unknown tag
+        ({"text": "hi"}, "type"),  # no tag at all
+        ({"type": "tool-call-delta", "index": "first"}, "first"),  # a value of the wrong type
+        ({"type": "usage", "usage": {"input_tokens": 1, "bogus": 2}}, "bogus"),  # nested
+    ],
+)
+def test_a_malformed_tagged_union_member_is_refused_with_the_checked_error(
+    chunk: dict[str, object], complaint: str
+) -> None:
+    obj = {**CHUNK_EVENT, "data": {**CHUNK_EVENT["data"], "chunk": chunk}}  # type: ignore[dict-item]
+    with pytest.raises(SessionError, match=r"event seq 4 \(assistant/chunk\) is malformed") as info:
+        event_from_json(obj)
+    assert complaint in repr(info.value.__cause__) + str(info.value)
+
+
+@given(data=st.data())
+def test_a_well_formed_chunk_decodes_the_same_in_place_as_through_the_checked_hook(
+    data: st.DataObject,
+) -> None:
+    # The checked hook is cattrs' own tagged-union hook; the in-place path must agree with it.
+    event = data.draw(known_events("assistant/chunk"))
+    obj = event_to_json(event)
+    assert event_from_json(obj) == event
+    assert obj == event_to_json(event)  # decoding read the object in place, never changed it
+
+
+def test_an_envelope_with_optional_keys_keeps_them_and_one_without_gets_the_defaults() -> None:
+    plain = {"type": "turn/start", "seq": 0, "time": 5, "data": {"turn": 0}}
+    event = event_from_json(plain)
+    assert (event.surface_op, event.source_event_seqs, event.ignorable) == (None, None, False)
+    replacing = {
+        "type": "user/message",
+        "seq": 9,
+        "time": 5,
+        "data": {"content": [{"type": "text", "text": "summary"}], "source": {"kind": "user"}},
+        "surface_op": "replace",
+        "source_event_seqs": [2, 3],
+    }
+    event = event_from_json(replacing)
+    assert (event.surface_op, event.source_event_seqs) == ("replace", (2, 3))
+    assert event_to_json(event) == replacing
