@@ -2,17 +2,19 @@
 
 The server process runs the runtime (M agents on the in-process simulator,
 `MemoryStore`) and the gateway; the supervisors run in a second process (so
-their JSON decoding is not billed to the server), each one websocket
-subscribed live to every session. Phases:
+their JSON decoding is not billed to the server), N websockets, connected
+from the start. Phases:
 
-1. alone: every session runs `--turns` turns with no supervisor attached;
-2. attached: the same with the N supervisors attached, until every event
-   reached every supervisor;
-3. paced: `--paced-turns` turns started at `--rate` turns/s over the fleet
-   (an unsaturated runtime), for commit-to-delivery latency.
-
-Phase 3 also runs once before the supervisors attach ("paced alone"), so
-the unsaturated runtime's CPU per step is measured both ways too.
+1. burst pairs (`--repeat` of them, default 3), each: every session runs
+   `--turns` turns with no subscription ("alone"), then the N supervisors
+   subscribe live to every session and every session runs `--turns` turns
+   again ("attached", until every event reached every supervisor), then
+   they unsubscribe. Alone and attached alternate, so a change in the
+   machine's load moves one pair rather than the whole figure; the burst
+   figures are the pairs' medians (each pair's increase is printed too);
+2. paced: `--paced-turns` turns started at `--rate` turns/s over the fleet
+   (an unsaturated runtime), once alone and once attached, for the CPU per
+   step both ways and commit-to-delivery latency.
 
 Reported: server CPU per agent step alone and attached (and the increase),
 in the burst and paced phases, the gateway's CPU per delivered event (and
@@ -22,34 +24,45 @@ from append, which is before commit: an upper bound on commit-to-delivery).
 
     .venv/bin/python benchmarks/gateway.py --sessions 1000 --supervisors 10
 
-Supervisors subscribe with `batch: true` (consecutive events in one
-`_harness/log/events` notification); `--no-batch` measures plain
-subscriptions (one `_harness/log/event` frame per event).
+Supervisors subscribe with `merge: true` (every session's new events of a
+fan-out round in one `_harness/log/merged` notification per connection);
+`--mode batched` measures `batch: true` (one `_harness/log/events` per
+session per round), `--mode plain` plain subscriptions (one
+`_harness/log/event` frame per event).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import trio
 import trio_websocket
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+# No sys.path entry of its own: what is measured is the installed (editable) package, or a
+# tree put first on PYTHONPATH (a "before" tree from `git archive`, run with this script).
 from actors.agent import Agent, AgentOptions
 from actors.prompt import SystemPrompt
+from actors.providers import Provider
+from actors.providers.actor import ProviderActor
 from actors.providers.openai_compat import OpenAICompatProvider
-from actors.providers.simulator import SimulatorEngine, simulator_transport
+from actors.providers.simulator import SimulatorConfig, SimulatorEngine, simulator_transport
 from actors.session import MemoryStore
+from supervision.bench.simulator_process import start_simulator_process
+from supervision.bench.workload import API_KEY
 from supervision.gateway import AgentProfile, Token, open_gateway
 from supervision.runtime import open_runtime
 
@@ -60,15 +73,63 @@ RESULTS = Path(__file__).with_name("results")
 # -- the supervisors' process --------------------------------------------------------
 
 
-async def _client_main(url: str, connections: int, batch: bool) -> None:
+MODES = {
+    "merged": {"batch": True, "merge": True},
+    "batched": {"batch": True},
+    "plain": {},
+}
+"""`--mode`: the subscription params each mode adds to `_harness/log/subscribe`."""
+
+
+@attrs.define(eq=False)
+class _Supervisor:
+    """One supervisor connection: its subscriptions and the answers it waits for."""
+
+    ws: trio_websocket.WebSocketConnection
+    subscriptions: list[str] = attrs.field(factory=list)
+    pending: int = 0
+    answered: trio.Event = attrs.field(factory=trio.Event)
+    window: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(32))
+    """Requests in flight at most (under the gateway's per-connection limit)."""
+    next_id: int = 0
+
+    def answer(self, message: dict[str, Any]) -> None:
+        """Count one answer; a refused request ends the benchmark, saying why."""
+        if "error" in message:
+            raise RuntimeError(f"a supervisor's request failed: {message['error']}")
+        result = message["result"]
+        if "subscription" in result:
+            self.subscriptions.append(result["subscription"])
+        self.window.release()
+        self.pending -= 1
+        if not self.pending:
+            self.answered.set()
+
+    async def call_all(self, calls: list[tuple[str, dict[str, Any]]]) -> None:
+        """Send every request (a window of them in flight), then wait until each is answered."""
+        self.pending, self.answered = len(calls), trio.Event()
+        for method, params in calls:
+            await self.window.acquire()
+            self.next_id += 1
+            await self.ws.send_message(
+                json.dumps(
+                    {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
+                )
+            )
+        if calls:
+            await self.answered.wait()
+
+
+async def _client_main(url: str, connections: int, mode: str) -> None:
     host, port = url.removeprefix("ws://").removesuffix("/acp").split(":")
     session_ids: list[str] = json.loads(sys.stdin.readline())
     stdin = trio.lowlevel.FdStream(0)
     latencies: list[int] = []
     received = 0
     changed = trio.Event()
+    supervisors: list[_Supervisor] = []
 
-    async def supervise(nursery: trio.Nursery, ready: trio.Event) -> None:
+    async def supervise(ready: trio.Event) -> None:
         nonlocal received, changed
         async with trio_websocket.open_websocket(
             host,
@@ -79,33 +140,25 @@ async def _client_main(url: str, connections: int, batch: bool) -> None:
             message_queue_size=256,
             max_message_size=16 * 1024 * 1024,
         ) as ws:
+            supervisor = _Supervisor(ws=ws)
             await ws.send_message(
                 json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}})
             )
             await ws.get_message()
-            for index, sid in enumerate(session_ids):
-                await ws.send_message(
-                    json.dumps(
-                        {
-                            "jsonrpc": "2.0",
-                            "id": index + 1,
-                            "method": "_harness/log/subscribe",
-                            "params": {"sessionId": sid, "batch": batch},
-                        }
-                    )
-                )
-            answered = 0
-            while answered < len(session_ids):
-                if "result" in json.loads(await ws.get_message()):
-                    answered += 1
+            supervisors.append(supervisor)
             ready.set()
             while True:
                 message = json.loads(await ws.get_message())
                 method = message.get("method")
+                if method is None:
+                    supervisor.answer(message)
+                    continue
                 if method == "_harness/log/event":
                     events = [message["params"]["event"]]
                 elif method == "_harness/log/events":
                     events = message["params"]["events"]
+                elif method == "_harness/log/merged":
+                    events = [e for b in message["params"]["batches"] for e in b["events"]]
                 else:
                     continue
                 now = time.time_ns() // 1_000_000
@@ -114,6 +167,18 @@ async def _client_main(url: str, connections: int, batch: bool) -> None:
                 changed.set()
                 changed = trio.Event()
 
+    async def attach(supervisor: _Supervisor) -> None:
+        subscribe = [
+            ("_harness/log/subscribe", {"sessionId": sid, **MODES[mode]}) for sid in session_ids
+        ]
+        await supervisor.call_all(subscribe)
+
+    async def detach(supervisor: _Supervisor) -> None:
+        subscriptions, supervisor.subscriptions = supervisor.subscriptions, []
+        await supervisor.call_all(
+            [("_harness/log/unsubscribe", {"subscription": name}) for name in subscriptions]
+        )
+
     async def commands() -> None:
         buffer = b""
         while True:
@@ -121,7 +186,13 @@ async def _client_main(url: str, connections: int, batch: bool) -> None:
                 buffer += await stdin.receive_some()
             line, buffer = buffer.split(b"\n", 1)
             command = json.loads(line)
-            if command["cmd"] == "reset":
+            if command["cmd"] in ("attach", "detach"):
+                action = attach if command["cmd"] == "attach" else detach
+                async with trio.open_nursery() as calls:
+                    for supervisor in supervisors:
+                        calls.start_soon(action, supervisor)
+                print(json.dumps({command["cmd"]: True}), flush=True)
+            elif command["cmd"] == "reset":
                 latencies.clear()
                 print(json.dumps({"reset": True}), flush=True)
             elif command["cmd"] == "report":
@@ -146,7 +217,7 @@ async def _client_main(url: str, connections: int, batch: bool) -> None:
         for _ in range(connections):
             ready = trio.Event()
             readies.append(ready)
-            nursery.start_soon(supervise, nursery, ready)
+            nursery.start_soon(supervise, ready)
         for ready in readies:
             await ready.wait()
         print(json.dumps({"ready": True}), flush=True)
@@ -214,18 +285,58 @@ async def _paced(agents: list[Agent], turns: int, rate: float) -> int:
     return sum(agent.statistics().loop.steps for agent in agents) - before
 
 
+@attrs.define
+class _Burst:
+    """One burst phase's figures (the server process's CPU, kernel CPU, collector, wall)."""
+
+    cpu: float
+    system: float
+    gc: float
+    wall: float
+    steps: int
+
+
+async def _burst(agents: list[Agent], turns: int) -> _Burst:
+    _settle_gc()
+    system, collected = _system_time(), GC.total
+    cpu, wall, steps = await _run_turns(agents, turns)
+    return _Burst(cpu, _system_time() - system, GC.total - collected, wall, steps)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+@asynccontextmanager
+async def _provider(kind: str, sessions: int) -> AsyncIterator[Provider]:
+    """The agents' model: the in-process simulator, or the benchmark simulator's own process
+    over HTTP through a `ProviderActor` (the issue-12 workload's client path)."""
+    if kind == "inprocess":
+        engine = SimulatorEngine()
+        async with httpx.AsyncClient(transport=simulator_transport(engine)) as client:
+            yield OpenAICompatProvider(
+                client, base_url="http://simulator.test", api_key=engine.config.api_key
+            )
+        return
+    with start_simulator_process(latency=0.0, reply_tokens=SimulatorConfig().reply_tokens) as sim:
+        in_flight = min(sessions, 1000)
+        yield ProviderActor(
+            name="default",
+            factory=lambda client: OpenAICompatProvider(client, base_url=sim.url, api_key=API_KEY),
+            timeout=httpx.Timeout(120.0, connect=60.0),
+            limits=httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight),
+            max_in_flight=in_flight,
+            queue_size=max(256, sessions),
+        )
+
+
 async def _server(args: argparse.Namespace) -> dict[str, Any]:
-    engine = SimulatorEngine()
     async with (
-        httpx.AsyncClient(transport=simulator_transport(engine)) as client,
+        _provider(args.simulator, args.sessions) as provider,
         open_runtime(
             system_prompt=SystemPrompt(persona="bench"),
             store=MemoryStore(),
-            providers={
-                "default": OpenAICompatProvider(
-                    client, base_url="http://simulator.test", api_key=engine.config.api_key
-                )
-            },
+            providers={"default": provider},
         ) as runtime,
         open_gateway(
             runtime,
@@ -239,16 +350,6 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(args.sessions)
         ]
         await _run_turns(agents, 1)  # warm-up
-        _settle_gc()
-        alone_sys, alone_gc = _system_time(), GC.total
-        alone_cpu, alone_wall, alone_steps = await _run_turns(agents, args.turns)
-        alone_sys, alone_gc = _system_time() - alone_sys, GC.total - alone_gc
-        _settle_gc()
-        paced_alone_cpu, paced_alone_gc = time.process_time(), GC.total
-        paced_alone_steps = await _paced(agents, args.paced_turns, args.rate)
-        paced_alone_cpu = time.process_time() - paced_alone_cpu
-        paced_alone_gc = GC.total - paced_alone_gc
-
         process = await trio.lowlevel.open_process(
             [
                 sys.executable,
@@ -257,93 +358,137 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
                 gateway.url,
                 "--supervisors",
                 str(args.supervisors),
-                "--batch" if args.batch else "--no-batch",
+                "--mode",
+                args.mode,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
         assert process.stdin is not None and process.stdout is not None
-        lines = _Lines(process.stdout)
-        ids = [agent.session.id for agent in agents]
-        await process.stdin.send_all((json.dumps(ids) + "\n").encode())
-        await lines.next()  # ready
-        start_events = sum(len(agent.session) for agent in agents)
-        _settle_gc()
-        burst_rounds, burst_events = gateway.fanout.rounds, gateway.fanout.events
-        cpu_before_attach = time.process_time()
-        sys_before_attach, gc_before_attach = _system_time(), GC.total
-        _, att_wall, att_steps = await _run_turns(agents, args.turns)
-        appended = sum(len(agent.session) for agent in agents) - start_events
-        expected = appended * args.supervisors
-        await process.stdin.send_all(
-            (json.dumps({"cmd": "report", "until": expected}) + "\n").encode()
-        )
-        attached_report = await lines.next()
-        delivered_cpu = time.process_time() - cpu_before_attach
-        delivered_sys = _system_time() - sys_before_attach
-        delivered_gc = GC.total - gc_before_attach
-        burst_rounds = gateway.fanout.rounds - burst_rounds
-        burst_events = gateway.fanout.events - burst_events
-        burst_catch_ups = sum(c.statistics().catch_ups for c in gateway.connections)
-        delivered_wall = att_wall  # turns and delivery overlap; delivery ends at the report
+        stdin, lines = process.stdin, _Lines(process.stdout)
 
-        await process.stdin.send_all(b'{"cmd": "reset"}\n')
-        await lines.next()
+        async def command(cmd: str, **fields: Any) -> dict[str, Any]:
+            await stdin.send_all((json.dumps({"cmd": cmd, **fields}) + "\n").encode())
+            return await lines.next()
+
+        await stdin.send_all((json.dumps([a.session.id for a in agents]) + "\n").encode())
+        await lines.next()  # connected and initialized, nothing subscribed yet
+        expected = 0
+        pairs: list[tuple[_Burst, _Burst]] = []
+        deliveries: list[int] = []
+        rounds = events = catch_ups = 0
+        reports = []
+        for repeat in range(args.repeat):
+            # Alone and attached alternate, so a change in the machine's load between them
+            # moves one pair, not the whole figure.
+            alone = await _burst(agents, args.turns)
+            await command("attach")
+            start_events = sum(len(agent.session) for agent in agents)
+            start_rounds, start_events_out = gateway.fanout.rounds, gateway.fanout.events
+            profiler = cProfile.Profile(time.process_time) if args.profile and not repeat else None
+            if profiler is not None:
+                profiler.enable()
+            _settle_gc()
+            cpu, system, collected = time.process_time(), _system_time(), GC.total
+            _, wall, steps = await _run_turns(agents, args.turns)
+            appended = sum(len(agent.session) for agent in agents) - start_events
+            expected += appended * args.supervisors
+            deliveries.append(appended * args.supervisors)
+            reports.append(await command("report", until=expected))
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(f"{args.profile}-burst.prof")
+            attached = _Burst(
+                time.process_time() - cpu,
+                _system_time() - system,
+                GC.total - collected,
+                wall,
+                steps,
+            )
+            pairs.append((alone, attached))
+            rounds += gateway.fanout.rounds - start_rounds
+            events += gateway.fanout.events - start_events_out
+            catch_ups = sum(c.statistics().catch_ups for c in gateway.connections)
+            await command("detach")
+
+        _settle_gc()
+        paced_alone_cpu, paced_alone_gc = time.process_time(), GC.total
+        paced_alone_steps = await _paced(agents, args.paced_turns, args.rate)
+        paced_alone_cpu = time.process_time() - paced_alone_cpu
+        paced_alone_gc = GC.total - paced_alone_gc
+
+        await command("attach")
+        await command("reset")
         paced_start = sum(len(agent.session) for agent in agents)
         _settle_gc()
         paced_rounds, paced_events_out = gateway.fanout.rounds, gateway.fanout.events
+        profiler = cProfile.Profile(time.process_time) if args.profile else None
+        if profiler is not None:
+            profiler.enable()
         paced_cpu, paced_gc = time.process_time(), GC.total
         paced_steps = await _paced(agents, args.paced_turns, args.rate)
         paced_events = sum(len(agent.session) for agent in agents) - paced_start
-        until = attached_report["received"] + paced_events * args.supervisors
-        await process.stdin.send_all(
-            (json.dumps({"cmd": "report", "until": until}) + "\n").encode()
-        )
-        paced_report = await lines.next()
+        paced_report = await command("report", until=expected + paced_events * args.supervisors)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{args.profile}-paced.prof")
         paced_cpu = time.process_time() - paced_cpu
         paced_gc = GC.total - paced_gc
         paced_rounds = gateway.fanout.rounds - paced_rounds
         paced_events_out = gateway.fanout.events - paced_events_out
-        await process.stdin.send_all(b'{"cmd": "quit"}\n')
+        await stdin.send_all(b'{"cmd": "quit"}\n')
         await process.wait()
         stats = gateway.statistics()
 
-    alone_per_step = alone_cpu / alone_steps
-    attached_per_step = delivered_cpu / att_steps
-    gateway_cpu = delivered_cpu - alone_cpu * att_steps / alone_steps
-    gateway_sys = delivered_sys - alone_sys * att_steps / alone_steps
+    def per_step(burst: _Burst) -> float:
+        return burst.cpu / burst.steps
+
+    increases = [100 * (per_step(b) / per_step(a) - 1) for a, b in pairs]
+    gateway_cpu = [
+        (b.cpu - a.cpu * b.steps / a.steps) / d for (a, b), d in zip(pairs, deliveries, strict=True)
+    ]
+    gateway_sys = [
+        (b.system - a.system * b.steps / a.steps) / d
+        for (a, b), d in zip(pairs, deliveries, strict=True)
+    ]
     paced_alone_per_step = paced_alone_cpu / paced_alone_steps
     paced_attached_per_step = paced_cpu / paced_steps
+    alone_steps = sum(a.steps for a, _ in pairs)
+    attached_steps = sum(b.steps for _, b in pairs)
     return {
         "sessions": args.sessions,
         "supervisors": args.supervisors,
-        "batch": args.batch,
+        "mode": args.mode,
+        "simulator": args.simulator,
         "turns": args.turns,
-        "steps": att_steps,
-        "alone_cpu_ms_per_step": 1000 * alone_per_step,
-        "attached_cpu_ms_per_step": 1000 * attached_per_step,
-        "increase_pct": 100 * (attached_per_step / alone_per_step - 1),
-        "events_delivered": expected,
-        "events_per_s": expected / max(delivered_wall, 1e-9),
-        "gateway_cpu_us_per_event": 1e6 * gateway_cpu / expected,
-        "gateway_system_us_per_event": 1e6 * gateway_sys / expected,
-        "alone_gc_ms_per_step": 1000 * alone_gc / alone_steps,
-        "attached_gc_ms_per_step": 1000 * delivered_gc / att_steps,
+        "repeats": args.repeat,
+        "steps": pairs[0][1].steps,
+        "alone_cpu_ms_per_step": 1000 * _median([per_step(a) for a, _ in pairs]),
+        "attached_cpu_ms_per_step": 1000 * _median([per_step(b) for _, b in pairs]),
+        "increase_pct": _median(increases),
+        "increase_pct_each": increases,
+        "events_delivered": deliveries[0],
+        "events_per_s": _median(
+            [d / max(b.wall, 1e-9) for (_, b), d in zip(pairs, deliveries, strict=True)]
+        ),
+        "gateway_cpu_us_per_event": 1e6 * _median(gateway_cpu),
+        "gateway_system_us_per_event": 1e6 * _median(gateway_sys),
+        "alone_gc_ms_per_step": 1000 * sum(a.gc for a, _ in pairs) / alone_steps,
+        "attached_gc_ms_per_step": 1000 * sum(b.gc for _, b in pairs) / attached_steps,
         "paced_alone_gc_ms_per_step": 1000 * paced_alone_gc / paced_alone_steps,
         "paced_attached_gc_ms_per_step": 1000 * paced_gc / paced_steps,
         "paced_alone_cpu_ms_per_step": 1000 * paced_alone_per_step,
         "paced_attached_cpu_ms_per_step": 1000 * paced_attached_per_step,
         "paced_increase_pct": 100 * (paced_attached_per_step / paced_alone_per_step - 1),
-        "saturated_p50_ms": attached_report["p50"],
-        "saturated_p99_ms": attached_report["p99"],
+        "saturated_p50_ms": _median([r["p50"] for r in reports]),
+        "saturated_p99_ms": _median([r["p99"] for r in reports]),
         "paced_rate_turns_per_s": args.rate,
         "paced_p50_ms": paced_report["p50"],
         "paced_p99_ms": paced_report["p99"],
-        "burst_events_per_feed_batch": burst_events / max(burst_rounds, 1),
+        "burst_events_per_feed_batch": events / max(rounds, 1),
         "paced_events_per_feed_batch": paced_events_out / max(paced_rounds, 1),
         "slow_consumer_closes": stats.slow_consumer_closes,
-        "burst_catch_ups": burst_catch_ups,
-        "alone_wall_s": alone_wall,
+        "burst_catch_ups": catch_ups,
     }
 
 
@@ -370,28 +515,53 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--supervisors", type=int, default=10)
     parser.add_argument("--turns", type=int, default=2)
+    parser.add_argument(
+        "--simulator",
+        choices=["inprocess", "http"],
+        default="inprocess",
+        help="inprocess: the agents' model answers in this process (no HTTP); http: the "
+        "benchmark simulator in its own process, over HTTP (the issue-12 client path)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="burst pairs (alone, then attached), alternating; figures are their medians",
+    )
     parser.add_argument("--paced-turns", type=int, default=300)
     parser.add_argument("--rate", type=float, default=50.0, help="paced turns per second")
     parser.add_argument(
-        "--batch",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="supervisors subscribe with batch: true (_harness/log/events); --no-batch: one "
-        "_harness/log/event per event",
+        "--mode",
+        choices=sorted(MODES),
+        default="merged",
+        help="merged: merge: true (_harness/log/merged, one per connection per round); batched: "
+        "batch: true (_harness/log/events); plain: one _harness/log/event per event",
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="PREFIX",
+        help="write cProfiles of the server's attached phases (process CPU time) to "
+        "PREFIX-burst.prof and PREFIX-paced.prof",
     )
     parser.add_argument("--client", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client is not None:
-        trio.run(_client_main, args.client, args.supervisors, args.batch)
+        trio.run(_client_main, args.client, args.supervisors, args.mode)
         return
     result = trio.run(_server, args)
     rows = [
         ("sessions x supervisors", f"{result['sessions']} x {result['supervisors']}"),
-        ("subscriptions", "batched" if result["batch"] else "one frame per event"),
+        ("subscriptions, simulator", f"{result['mode']}, {result['simulator']}"),
         ("agent steps per phase", f"{result['steps']}"),
         ("server CPU per step alone", f"{result['alone_cpu_ms_per_step']:.3f} ms"),
         ("server CPU per step attached", f"{result['attached_cpu_ms_per_step']:.3f} ms"),
-        ("increase", f"{result['increase_pct']:.1f} %"),
+        (
+            "increase (median of the pairs)",
+            f"{result['increase_pct']:.1f} % ("
+            + ", ".join(f"{x:+.1f}" for x in result["increase_pct_each"])
+            + ")",
+        ),
         (
             "of it GC per step alone/attached",
             f"{result['alone_gc_ms_per_step']:.3f}/{result['attached_gc_ms_per_step']:.3f} ms",
@@ -434,7 +604,7 @@ def main() -> None:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / ("gateway.json" if result["batch"] else "gateway-unbatched.json")
+    out = RESULTS / f"gateway-{result['mode']}-{result['simulator']}.json"
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
 

@@ -173,6 +173,12 @@ async def log_subscribe(f: Forwarded, call: Call) -> Any:
             "unsupported",
             "the cluster gateway sends one _harness/log/event per event; subscribe without batch",
         )
+    if f.typed.merge:
+        raise invalid_params(
+            "/merge",
+            "unsupported",
+            "the cluster gateway sends one _harness/log/event per event; subscribe without merge",
+        )
     session_id = _session(f, call)
     client = _client(f, call)
     client.subscribing += 1

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -143,14 +144,21 @@ class _LiveLog:
         self.framing = self.connection.transport.framing
 
     def deliver(self, batch: EventBatch) -> bool:
-        """Queue the batch's frames, or leave (False) when the log lane is full or closed."""
+        """Queue the batch's frames (a merged subscription's whole batch into the open merged
+        frame), or leave (False) when the log lane is full or closed."""
         if self.stopped:
             return False
-        outbox = self.outbox
+        outbox, cursor = self.outbox, self.cursor
         if not outbox.log_has_room:
             self.connection.fall_behind(self)
             return False
-        frames = self.cursor.frames(batch, self.framing)
+        if cursor.merge:
+            joined = cursor.whole(batch)
+            if joined is not None:
+                # Into the connection's open merged frame: no frame of its own.
+                outbox.offer_merged(cursor.batch_prefix, joined, self.framing)
+                return True
+        frames = cursor.frames(batch, self.framing)
         if frames:
             outbox.offer_log(frames, sum(map(len, frames)))
         return True
@@ -541,30 +549,33 @@ class Connection:
             pass
 
     async def _write(self) -> None:
-        while True:
-            await self.outbox.wait_ready()
-            self._unsent = self.outbox.take()
-            # A batch is never cut by a close (only by the write deadline), so a
-            # close never loses a reply that was already taken from the outbox.
-            with trio.CancelScope(
-                shield=True, deadline=trio.current_time() + self.write_deadline
-            ) as deadline:
+        # One scope for every write (cheaper than a scope per write): while a batch is being
+        # written it is shielded, so a close never cuts a batch (only the write deadline
+        # does) and never loses a reply that was already taken from the outbox, and it
+        # carries the write deadline; between writes it is neither.
+        with trio.CancelScope() as write:
+            while True:
+                await self.outbox.wait_ready()
+                self._unsent = self.outbox.take()
+                write.shield = True
+                write.deadline = trio.current_time() + self.write_deadline
                 try:
                     await self.transport.send_batch(self._unsent)
                 except TransportClosed:
                     self.close(CLOSE_NORMAL, "peer gone")
                     return
-            if deadline.cancelled_caught:
-                self.gateway.count_slow_consumer()
-                self._stalled = True
-                self.close(
-                    CLOSE_SLOW_CONSUMER,
-                    f"slow consumer: a write stalled for {self.write_deadline} s",
-                )
-                return
-            self.frames_written += len(self._unsent)
-            self._unsent = []
-            await trio.lowlevel.checkpoint_if_cancelled()
+                write.deadline = math.inf
+                write.shield = False
+                self.frames_written += len(self._unsent)
+                self._unsent = []
+                await trio.lowlevel.checkpoint_if_cancelled()
+        if write.cancelled_caught:
+            self.gateway.count_slow_consumer()
+            self._stalled = True
+            self.close(
+                CLOSE_SLOW_CONSUMER,
+                f"slow consumer: a write stalled for {self.write_deadline} s",
+            )
 
     async def _keep_alive(self, ping: Callable[[], Awaitable[None]]) -> None:
         while True:

@@ -7,8 +7,10 @@ make, and moves on. Kinds:
 
 - `LogCursor` (`_harness/log/subscribe`): every event as
   `_harness/log/event`, or (`batch`) consecutive events together as
-  `_harness/log/events` (optionally only some types), then one
-  `_harness/log/caughtUp` when it first reaches the durable head.
+  `_harness/log/events`, or (`merge`) as batches of a `_harness/log/merged`
+  notification that the connection's other merged subscriptions share
+  (optionally only some types), then one `_harness/log/caughtUp` when it
+  first reaches the durable head.
 - `PromptCursor` (`session/prompt`): finds the turn that took the prompt,
   projects it to `session/update`s, and ends with the prompt's reply.
 - `ReplayCursor` (`session/load`): replays the conversation up to the head
@@ -26,6 +28,8 @@ import attrs
 from actors.messages import Block, TextBlock, UserSource
 from actors.session import Event, event_to_json
 from actors.session.events import TurnEnd, TurnStart, UserMessage
+from supervision.gateway.encoding import encode_event
+from supervision.gateway.outbox import MERGED_END, MERGED_HEAD
 from supervision.gateway.projection import live_updates, replay_updates, stop_reason
 from supervision.gateway.protocol import (
     INTERNAL_ERROR,
@@ -38,11 +42,6 @@ from supervision.gateway.protocol import (
     response,
 )
 from supervision.gateway.transport import Framing
-
-
-def encode_event(event: Event) -> bytes:
-    """The JSON of `event` as in `session.to_json()`, compact, as UTF-8 (ASCII) bytes."""
-    return dumps(event_to_json(event)).encode()
 
 
 @attrs.define(eq=False)
@@ -138,6 +137,11 @@ class LogCursor:
     `batch`, consecutive events go out together as one `_harness/log/events`
     notification (`events`: their JSON, in order, at most `batch_max_bytes`
     of it unless a single event is larger), as many as were read at once.
+    With `merge` (which implies `batch`), each such batch (the same params
+    object) is one entry of a `_harness/log/merged` notification's
+    `batches`: the fan-out adds it to the connection's open merged frame
+    (`whole` and `batch_prefix`, see `Outbox.offer_merged`), and every
+    other frame (`frames`) is a merged notification of one batch.
     Either way each event's JSON is exactly the stored event's, and the
     first time the cursor reaches the durable head one `_harness/log/caughtUp`
     follows.
@@ -152,25 +156,47 @@ class LogCursor:
     texts: EventTexts
     types: frozenset[str] | None = None
     batch: bool = False
+    merge: bool = False
     batch_max_bytes: int = BATCH_MAX_BYTES
     caught_up: bool = False
     finished: bool = False
     delivered: int = 0
+    batch_prefix: bytes = attrs.field(init=False)
+    """A batch's params object up to its `events` array's body (what merged frames hold)."""
     _prefix: bytes = attrs.field(init=False)
+    _end: bytes = attrs.field(init=False)
     _around: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         # The envelope around each event (or each batch's array), written once per subscription.
-        self._prefix = (
-            '{"jsonrpc":"2.0","method":"_harness/log/'
-            + ("events" if self.batch else "event")
-            + '","params":{"subscription":'
-            + dumps(self.subscription)
-            + ',"sessionId":'
-            + dumps(self.session_id)
-            + (',"events":[' if self.batch else ',"event":')
-        ).encode()
-        self._around = len(self._prefix) + len(_EVENTS_END)
+        self.batch = self.batch or self.merge
+        ids = f'{{"subscription":{dumps(self.subscription)},"sessionId":{dumps(self.session_id)}'
+        self.batch_prefix = (ids + ',"events":[').encode()
+        if self.merge:
+            self._prefix, self._end = MERGED_HEAD + self.batch_prefix, MERGED_END
+        elif self.batch:
+            head = '{"jsonrpc":"2.0","method":"_harness/log/events","params":'
+            self._prefix, self._end = head.encode() + self.batch_prefix, _EVENTS_END
+        else:
+            head = '{"jsonrpc":"2.0","method":"_harness/log/event","params":'
+            self._prefix, self._end = (head + ids + ',"event":').encode(), _EVENT_END
+        self._around = len(self._prefix) + len(self._end)
+
+    def whole(self, batch: EventBatch) -> bytes | None:
+        """The batch's joined JSON when this cursor takes the batch whole, else None.
+
+        Whole means: batched, every type, caught up, the batch starting at
+        `next_seq` and within `batch_max_bytes`; the cursor then advances
+        past it (the caller must send the returned bytes).
+        """
+        events = batch.events
+        if self.batch and self.types is None and self.caught_up and events[0].seq == self.next_seq:
+            joined = batch.joined()
+            if len(joined) <= self.batch_max_bytes:
+                self.next_seq = events[-1].seq + 1
+                self.delivered += len(events)
+                return joined
+        return None
 
     def take(self, events: Sequence[Event], head: int, framing: Framing) -> list[bytes]:
         """The frames of `events` (see the class docstring), then `caughtUp` once at the head."""
@@ -188,15 +214,12 @@ class LogCursor:
         events = batch.events
         if not events:
             return []
-        if self.batch and self.types is None and self.caught_up and events[0].seq == self.next_seq:
-            # The fan-out's usual case: the whole batch in one frame, around the joined JSON
-            # that every subscriber of the session shares.
-            joined = batch.joined()
-            if len(joined) <= self.batch_max_bytes:
-                self.next_seq = events[-1].seq + 1
-                self.delivered += len(events)
-                header = framing.header(self._around + len(joined))
-                return [b"".join((header, self._prefix, joined, _EVENTS_END, framing.trailer))]
+        # The fan-out's usual case: the whole batch in one frame, around the joined JSON
+        # that every subscriber of the session shares.
+        joined = self.whole(batch)
+        if joined is not None:
+            header = framing.header(self._around + len(joined))
+            return [b"".join((header, self._prefix, joined, self._end, framing.trailer))]
         start = self.next_seq - events[0].seq
         if start >= len(events):
             return []
@@ -225,8 +248,8 @@ class LogCursor:
         if start > 0:
             events, texts = events[start:], texts[start:]
         prefix, header = self._prefix, framing.header
-        end = _EVENT_END + framing.trailer
-        around = len(prefix) + len(_EVENT_END)
+        end = self._end + framing.trailer
+        around = self._around
         join = b"".join
         if self.types is None:
             frames = [join((header(around + len(text)), prefix, text, end)) for text in texts]
@@ -241,7 +264,7 @@ class LogCursor:
         return frames
 
     def _batched(self, batch: EventBatch, start: int, framing: Framing) -> list[bytes]:
-        end, around = _EVENTS_END + framing.trailer, self._around
+        end, around = self._end + framing.trailer, self._around
         texts: Sequence[bytes] = batch.texts
         events = batch.events
         if start > 0:

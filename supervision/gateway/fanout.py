@@ -3,7 +3,9 @@
 The store reports each commit to one listener (`SessionStore.durable_changes`):
 the sessions whose durable mark advanced. The pump waits for that (the
 agents never wait for it), lets the runtime commit for another `linger`
-(5 ms, so a streamed step goes out in one or two batches, not one per chunk),
+(5 ms, so a streamed step goes out in one or two batches, not one per chunk;
+longer when the last round took long to hand out, see `FEED_LINGER_PER_WORK`:
+a saturated runtime gets fewer, larger rounds),
 takes every session reported since (in the order they first committed),
 and for each one that has a feed reads
 its new durable events from the live log, without waiting, and hands the
@@ -30,6 +32,8 @@ feed only.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -45,7 +49,17 @@ FEED_BATCH = 1024
 """Most events a feed reads and hands out per round."""
 
 FEED_LINGER_SECONDS = 0.005
-"""How long the woken pump waits for more commits before it reads and hands out."""
+"""How long the woken pump waits at least for more commits before it reads and hands out."""
+
+FEED_LINGER_MAX_SECONDS = 0.25
+"""How long the woken pump waits at most (see `FEED_LINGER_PER_WORK`)."""
+
+FEED_LINGER_PER_WORK = 20.0
+"""Between two rounds at least this many times the CPU the last two rounds each took to hand out
+(the smaller) passes, counting the wait for the first commit, so the fan-out's rounds take at
+most ~1/21 of the process's time: a saturated runtime gets fewer, larger rounds (less work per
+event), an unsaturated one the minimum linger; one slow round (a garbage collection inside it)
+changes nothing."""
 
 ReadNow = Callable[[str, int, int], tuple[Sequence[Event], int] | None]
 """`read_now(session_id, from_seq, limit)`: durable events from `from_seq` (at least one) and the
@@ -88,10 +102,15 @@ class Fanout:
     read_now: ReadNow
     read: ReadDurable
     linger: float = FEED_LINGER_SECONDS
+    linger_max: float = FEED_LINGER_MAX_SECONDS
+    work_clock: Callable[[], float] = time.process_time
+    """Measures a round's hand-out (the process's CPU seconds: descheduling does not count)."""
     rounds: int = attrs.field(default=0, init=False)
     """Batches handed out so far (with `events`: how many events a batch carries on average)."""
     events: int = attrs.field(default=0, init=False)
     """Events handed out so far (each counted once, whatever the number of subscribers)."""
+    round_work: tuple[float, float] = attrs.field(default=(0.0, 0.0), init=False)
+    """What the last two rounds took to hand out (`work_clock`), older first."""
     _feeds: dict[str, _Feed] = attrs.field(factory=dict, init=False)
     _listener: DurableChanges | None = attrs.field(default=None, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
@@ -112,12 +131,14 @@ class Fanout:
             async with trio.open_nursery() as nursery:
                 self._nursery, self._listener = nursery, listener
                 task_status.started()
+                ended = -math.inf
                 while True:
                     await listener.wait()
                     if self.linger:
                         # The first commit wakes the pump; what the runtime commits in the
                         # next moment (the rest of a streamed step) goes out with it.
-                        await trio.sleep(self.linger)
+                        await trio.sleep(self.next_linger(trio.current_time() - ended))
+                    started = self.work_clock()
                     for session_id in listener.take():
                         feed = self._feeds.get(session_id)
                         if feed is None or feed.reading:
@@ -129,10 +150,19 @@ class Fanout:
                             # never the server.
                             log.exception("the feed of session %r failed", session_id)
                             self._fail(feed, f"session {session_id!r}: the gateway's feed failed")
+                    self.round_work = (self.round_work[1], self.work_clock() - started)
+                    ended = trio.current_time()
         finally:
             listener.close()
             self._nursery = self._listener = None
             self._feeds.clear()
+
+    def next_linger(self, idle: float) -> float:
+        """How long the pump woken `idle` seconds after its last round waits: `linger`, or what
+        is left of `FEED_LINGER_PER_WORK` times the smaller of the last two rounds' hand-out
+        work when that is longer, at most `linger_max`."""
+        spacing = FEED_LINGER_PER_WORK * min(self.round_work) - idle
+        return max(self.linger, min(self.linger_max, spacing))
 
     def attach(self, session_id: str, next_seq: int, subscriber: Subscriber) -> bool:
         """Add `subscriber` from `next_seq` on; False when the feed is already past it.

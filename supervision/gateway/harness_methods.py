@@ -146,6 +146,7 @@ async def log_subscribe(params: LogSubscribeParams, call: Call) -> dict[str, Any
         texts=call.gateway.event_texts,
         types=None if params.types is None else frozenset(params.types),
         batch=params.batch,
+        merge=params.merge,
     )
     connection.subscriptions[subscription] = cursor
     connection.subscription_stops[subscription] = connection.subscribe_log(

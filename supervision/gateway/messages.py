@@ -105,6 +105,7 @@ class LogSubscribeParams:
     from_seq: int | None = None
     types: list[str] | None = None
     batch: bool = False
+    merge: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -18,6 +18,15 @@ Frames are UTF-8 payloads (`bytes`); the transport adds the framing.
   `RELAY_LIMIT_BYTES` queued in all; past that the named overflow
   behaviour is *disconnect the slow consumer* (`OutboxOverflow`, close 4008).
 
+A connection's *merged* log subscriptions (`merge: true`) share frames:
+the fan-out adds each one's new events to the connection's **open merged
+frame** (`offer_merged`: a cursor check and a few list appends, no frame
+of its own), one `_harness/log/merged` notification carrying every merged
+subscription's batch of the round. The open frame is the tail of the log
+lane: it is sealed (made into one frame) before any other log frame is
+queued behind it, when it would pass `MERGED_MAX_BYTES` of batches, and
+when the writer takes the lane, so log frames keep their arrival order.
+
 The writer takes everything queued at once, control frames first, then log
 frames in arrival order, and writes it with one system call.
 """
@@ -29,6 +38,8 @@ from collections.abc import Sequence
 import attrs
 import trio
 
+from supervision.gateway.transport import Framing
+
 CONTROL_CAPACITY = 512
 """Control frames (replies, errors, snapshots) that may wait before the peer is a slow consumer."""
 
@@ -38,6 +49,19 @@ LOG_CAPACITY_BYTES = 16 * 1024 * 1024
 
 RELAY_LIMIT_BYTES = 2 * LOG_CAPACITY_BYTES
 """Bytes of log frames waiting for the writer past which a relayed frame disconnects the peer."""
+
+
+MERGED_MAX_BYTES = 256 * 1024
+"""Most bytes of batches in one `_harness/log/merged` frame (a larger batch goes alone)."""
+
+MERGED_HEAD = b'{"jsonrpc":"2.0","method":"_harness/log/merged","params":{"batches":['
+"""The start of a `_harness/log/merged` notification, before its first batch."""
+
+MERGED_SEPARATOR = b"]},"
+"""Ends one batch of a merged frame (its `events` array and object) before the next."""
+
+MERGED_END = b"]}]}}"
+"""Ends the last batch of a merged frame, its `batches` array, `params` and the message."""
 
 
 class OutboxOverflow(Exception):
@@ -55,17 +79,22 @@ class Outbox:
     control_capacity: int = CONTROL_CAPACITY
     log_capacity: int = LOG_CAPACITY_BYTES
     relay_limit: int = RELAY_LIMIT_BYTES
+    merged_max_bytes: int = MERGED_MAX_BYTES
     _control: list[bytes] = attrs.field(factory=list, init=False)
     _log: list[bytes] = attrs.field(factory=list, init=False)
     _log_bytes: int = attrs.field(default=0, init=False)
     _ready: trio.Event = attrs.field(factory=trio.Event, init=False)
     _space: trio.Event = attrs.field(factory=trio.Event, init=False)
     _closed: bool = attrs.field(default=False, init=False)
+    _merged: list[bytes] = attrs.field(factory=list, init=False)
+    """The open merged frame's batches: prefix, events JSON, separator, prefix, ..."""
+    _merged_size: int = attrs.field(default=0, init=False)
+    _merged_framing: Framing | None = attrs.field(default=None, init=False)
 
     @property
     def queued_frames(self) -> int:
-        """Frames waiting for the writer."""
-        return len(self._control) + len(self._log)
+        """Frames waiting for the writer (an open merged frame counts as one)."""
+        return len(self._control) + len(self._log) + (1 if self._merged else 0)
 
     @property
     def log_has_room(self) -> bool:
@@ -87,10 +116,48 @@ class Outbox:
         """Queue log frames of `size` bytes unless the lane is full or closed; True if queued."""
         if not self.log_has_room:
             return False
+        if self._merged:
+            self._seal()
         self._log.extend(frames)
         self._log_bytes += size
         self._ready.set()
         return True
+
+    def offer_merged(self, prefix: bytes, events: bytes, framing: Framing) -> bool:
+        """Add one subscription's batch to the open merged frame unless the lane is full or
+        closed; True if queued.
+
+        `prefix` is the batch's object up to its `events` array
+        (`{"subscription":...,"sessionId":...,"events":[`), `events` the
+        array's body (the events' JSON joined by commas). A frame holding
+        batches already is sealed first when this batch would take it past
+        `merged_max_bytes`.
+        """
+        if not self.log_has_room:
+            return False
+        size = len(prefix) + len(events) + len(MERGED_SEPARATOR)
+        if self._merged and self._merged_size + size > self.merged_max_bytes:
+            self._seal()
+        merged = self._merged
+        merged.append(prefix)
+        merged.append(events)
+        merged.append(MERGED_SEPARATOR)
+        self._merged_size += size
+        self._log_bytes += size
+        self._merged_framing = framing
+        self._ready.set()
+        return True
+
+    def _seal(self) -> None:
+        """Make the open merged frame one frame at the tail of the log lane."""
+        merged, framing = self._merged, self._merged_framing
+        assert merged and framing is not None
+        merged[-1] = MERGED_END
+        payload = len(MERGED_HEAD) + self._merged_size + len(MERGED_END) - len(MERGED_SEPARATOR)
+        self._log.append(b"".join((framing.header(payload), MERGED_HEAD, *merged, framing.trailer)))
+        self._log_bytes += len(MERGED_HEAD) + len(MERGED_END) - len(MERGED_SEPARATOR)
+        self._merged = []
+        self._merged_size = 0
 
     def push_log(self, frames: Sequence[bytes], size: int) -> None:
         """Queue relayed log frames of `size` bytes now, even over the lane's capacity.
@@ -106,6 +173,8 @@ class Outbox:
                 f"{self._log_bytes} bytes of log frames are waiting to be written and "
                 f"{size} more arrived (limit {self.relay_limit}); the peer is too slow"
             )
+        if self._merged:
+            self._seal()
         self._log.extend(frames)
         self._log_bytes += size
         self._ready.set()
@@ -129,21 +198,26 @@ class Outbox:
         await trio.lowlevel.checkpoint()
         if self._closed:
             raise OutboxClosed("the connection is closing")
+        if self._merged:
+            self._seal()
         self._log.extend(frames)
         self._log_bytes += sum(len(frame) for frame in frames)
         self._ready.set()
 
     async def wait_ready(self) -> None:
         """Return once something is queued (without taking it). Cancellable."""
-        while not self._control and not self._log:
+        while not self._control and not self._log and not self._merged:
             if self._ready.is_set():
                 self._ready = trio.Event()
             await self._ready.wait()
 
     def take(self) -> list[bytes]:
-        """Every queued frame, removed: control frames first, then log frames."""
+        """Every queued frame, removed: control frames first, then log frames (the open merged
+        frame sealed, last)."""
         frames = self._control
         self._control = []
+        if self._merged:
+            self._seal()
         if self._log:
             frames.extend(self._log)
             self._log = []

@@ -98,18 +98,35 @@ class SharedStream(trio.abc.Stream):
         self.inner = inner
         self._lock = trio.StrictFIFOLock()
 
+    async def _acquire(self) -> None:
+        # Uncontended (the usual case) without the scheduler pass `acquire` costs.
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Write `data` after any write in progress."""
-        async with self._lock:
+        await self._acquire()
+        try:
             await self.inner.send_all(data)
+        finally:
+            self._lock.release()
 
     async def send_frames(self, data: bytes, closed: Callable[[], bool]) -> bool:
-        """Write `data` unless `closed()` is true once the lock is held; False if not written."""
-        async with self._lock:
+        """Write `data` unless `closed()` is true once the lock is held; False if not written.
+
+        Cancellation: cancellable while waiting for the lock and while writing
+        (a cancelled write may have written part of `data`).
+        """
+        await self._acquire()
+        try:
             if closed():
                 return False
             await self.inner.send_all(data)
             return True
+        finally:
+            self._lock.release()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         """Read from the inner stream."""

@@ -217,7 +217,7 @@ async def test_cluster_log_subscribe_reports_the_gateways_epoch(postgres_dsn: st
         nursery.cancel_scope.cancel()
 
 
-async def test_the_cluster_gateway_refuses_batched_log_subscriptions(postgres_dsn: str) -> None:
+async def test_the_cluster_gateway_refuses_batch_and_merge(postgres_dsn: str) -> None:
     config = cluster_config(postgres_dsn)
     async with trio.open_nursery() as nursery:
         async with (
@@ -230,6 +230,11 @@ async def test_the_cluster_gateway_refuses_batched_log_subscriptions(postgres_ds
             )
             assert answer["error"]["code"] == -32602
             assert answer["error"]["data"] == {"path": "/batch", "reason": "unsupported"}
+            answer = await client.request(
+                "_harness/log/subscribe", {"sessionId": sid, "merge": True}
+            )
+            assert answer["error"]["code"] == -32602
+            assert answer["error"]["data"] == {"path": "/merge", "reason": "unsupported"}
         nursery.cancel_scope.cancel()
 
 

@@ -127,15 +127,20 @@ class RpcClient:
                 self.log_events.setdefault(params["sessionId"], []).append(params["event"])
                 self.log_event_count += 1
             elif message.get("method") == "_harness/log/events":
-                params = message["params"]
-                self.log_events.setdefault(params["sessionId"], []).extend(params["events"])
-                self.log_event_count += len(params["events"])
+                self._file_batch(message["params"])
+            elif message.get("method") == "_harness/log/merged":
+                for batch in message["params"]["batches"]:
+                    self._file_batch(batch)
             if "method" in message:
                 self.notifications.append(message)
             else:
                 self._answers[message.get("id")] = message
         self._arrived.set()
         self._arrived = trio.Event()
+
+    def _file_batch(self, params: dict[str, Any]) -> None:
+        self.log_events.setdefault(params["sessionId"], []).extend(params["events"])
+        self.log_event_count += len(params["events"])
 
     async def answer(self, id: Any) -> dict[str, Any]:
         while id not in self._answers:

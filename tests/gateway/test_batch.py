@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.session import Event
-from supervision.gateway.cursors import EventBatch, EventTexts, LogCursor, encode_event
+from supervision.gateway.cursors import EventBatch, EventTexts, LogCursor
+from supervision.gateway.encoding import encode_event
+from supervision.gateway.outbox import MERGED_END, MERGED_HEAD, MERGED_SEPARATOR, Outbox
 from supervision.gateway.transport import WEBSOCKET_FRAMING
 from tests.gateway.helpers import connect, running_gateway
 
@@ -26,6 +28,10 @@ async def _a_log() -> list[Event]:
         await agent.when_idle()
         await agent.session.flush()
         return list(agent.session.durable_events(0))
+
+
+MERGED_LIMIT = 2000
+"""`Outbox.merged_max_bytes` in the merged-frame test (a few batches per frame)."""
 
 
 @functools.cache
@@ -45,25 +51,60 @@ def _payload(frame: bytes) -> bytes:
     return frame[start:]
 
 
-def _stream(cursor: LogCursor, batches: Sequence[tuple[int, int]], head: int) -> list[Any]:
+def _stream(
+    cursor: LogCursor,
+    batches: Sequence[tuple[int, int]],
+    head: int,
+    takes: Sequence[bool] = (),
+) -> list[Any]:
     """What `cursor` sends for the fan-out's batches `events[start:end]`, decoded, in order.
 
-    Each item is ("event", seq, the event's bytes as sent) or ("caughtUp", seq).
+    The frames go through an `Outbox` as the fan-out queues them (a merged
+    cursor's whole batches into the open merged frame); the writer takes
+    the lane after batch i when `takes[i]`, and at the end. Each item is
+    ("event", seq, the event's bytes as sent) or ("caughtUp", seq).
     """
+    outbox = Outbox(merged_max_bytes=MERGED_LIMIT)
+    written: list[bytes] = []
+    for index, (start, end) in enumerate(batches):
+        batch = EventBatch(_events()[start:end], head)
+        joined = cursor.whole(batch) if cursor.merge else None
+        if joined is not None:
+            assert outbox.offer_merged(cursor.batch_prefix, joined, WEBSOCKET_FRAMING)
+        else:
+            frames = cursor.frames(batch, WEBSOCKET_FRAMING)
+            assert outbox.offer_log(frames, sum(map(len, frames)))
+        if index < len(takes) and takes[index]:
+            written.extend(outbox.take())
+    written.extend(outbox.take())
+    return _decode(written, {cursor.subscription: cursor})[cursor.subscription]
+
+
+def _decode(frames: Sequence[bytes], cursors: dict[str, LogCursor]) -> dict[str, list[Any]]:
+    """Each subscription's items (see `_stream`) in the frames, checking their form and limits."""
     events = _events()
-    items: list[Any] = []
-    for start, end in batches:
-        batch = EventBatch(events[start:end], head)
-        for frame in cursor.frames(batch, WEBSOCKET_FRAMING):
-            payload = _payload(frame)
-            message = json.loads(payload)
-            method, params = message["method"], message["params"]
-            assert params["subscription"] == cursor.subscription
+    items: dict[str, list[Any]] = {name: [] for name in cursors}
+    for frame in frames:
+        payload = _payload(frame)
+        message = json.loads(payload)
+        method, params = message["method"], message["params"]
+        if method == "_harness/log/merged":
+            batches = params["batches"]
+            assert batches and all(cursors[b["subscription"]].merge for b in batches)
+            if len(batches) > 1:  # only a single batch may exceed the frame's limit
+                size = len(payload) - len(MERGED_HEAD) - len(MERGED_END) + len(MERGED_SEPARATOR)
+                assert size <= MERGED_LIMIT
+            runs = [("_harness/log/events", b) for b in batches]
+        else:
+            runs = [(method, params)]
+        for method, params in runs:
+            cursor = cursors[params["subscription"]]
             if method == "_harness/log/caughtUp":
-                items.append(("caughtUp", params["seq"]))
+                items[cursor.subscription].append(("caughtUp", params["seq"]))
                 continue
             assert params["sessionId"] == cursor.session_id
             if method == "_harness/log/event":
+                assert not cursor.batch
                 sent = [params["event"]]
             else:
                 assert method == "_harness/log/events" and cursor.batch
@@ -74,7 +115,7 @@ def _stream(cursor: LogCursor, batches: Sequence[tuple[int, int]], head: int) ->
             for event in sent:
                 text = encode_event(events[event["seq"]])
                 assert text in payload  # the stored event's bytes, exactly
-                items.append(("event", event["seq"], text))
+                items[cursor.subscription].append(("event", event["seq"], text))
     return items
 
 
@@ -101,13 +142,15 @@ def _deliveries(draw: st.DrawFn) -> tuple[list[tuple[int, int]], int]:
     limit=st.sampled_from([1, 200, 1000, 256 * 1024]),
     head_extra=st.integers(0, 1),
     live=st.booleans(),
+    takes=st.lists(st.booleans(), max_size=40),
 )
-def test_batched_and_unbatched_cursors_send_the_same_events_in_the_same_order(
+def test_batched_merged_and_unbatched_cursors_send_the_same_events_in_the_same_order(
     deliveries: tuple[list[tuple[int, int]], int],
     types: frozenset[str] | None,
     limit: int,
     head_extra: int,
     live: bool,
+    takes: list[bool],
 ) -> None:
     """`live`: the cursor joined the fan-out at the head (caught up already)."""
     batches, first = deliveries
@@ -121,19 +164,108 @@ def test_batched_and_unbatched_cursors_send_the_same_events_in_the_same_order(
                 texts=EventTexts(),
                 types=types,
                 batch=batch,
+                merge=merge,
                 batch_max_bytes=limit,
                 caught_up=live,
             ),
             batches,
             head,
+            takes,
         )
-        for batch in (False, True)
+        for batch, merge in ((False, False), (True, False), (False, True))
     ]
-    assert streams[0] == streams[1]
+    assert streams[0] == streams[1] == streams[2]
     expected = [e for e in _events()[first:] if types is None or e.type in types]
     assert [item[1] for item in streams[0] if item[0] == "event"] == [e.seq for e in expected]
     caught_up = [item for item in streams[0] if item[0] == "caughtUp"]
     assert caught_up == ([] if head_extra or live else [("caughtUp", len(_events()) - 1)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    deliveries=_deliveries(),
+    subscriptions=st.integers(1, 4),
+    kinds=st.lists(st.sampled_from(["plain", "batch", "merge"]), min_size=4, max_size=4),
+    takes=st.lists(st.booleans(), max_size=40),
+)
+def test_merged_frames_carry_every_subscriptions_batches_in_order(
+    deliveries: tuple[list[tuple[int, int]], int],
+    subscriptions: int,
+    kinds: list[str],
+    takes: list[bool],
+) -> None:
+    """Several subscriptions of one connection (any mix of kinds) fed the same rounds, as the
+    fan-out does: each one's events arrive exactly once, in order, whatever the frames."""
+    batches, first = deliveries
+    head = len(_events()) - 1
+    cursors = {
+        f"sub-{index}": LogCursor(
+            subscription=f"sub-{index}",
+            session_id="x",
+            next_seq=first,
+            texts=EventTexts(),
+            batch=kinds[index] == "batch",
+            merge=kinds[index] == "merge",
+            caught_up=True,
+        )
+        for index in range(subscriptions)
+    }
+    outbox = Outbox(merged_max_bytes=MERGED_LIMIT)
+    written: list[bytes] = []
+    for index, (start, end) in enumerate(batches):
+        batch = EventBatch(_events()[start:end], head)
+        for cursor in cursors.values():
+            joined = cursor.whole(batch) if cursor.merge else None
+            if joined is not None:
+                assert outbox.offer_merged(cursor.batch_prefix, joined, WEBSOCKET_FRAMING)
+            else:
+                frames = cursor.frames(batch, WEBSOCKET_FRAMING)
+                assert outbox.offer_log(frames, sum(map(len, frames)))
+        if index < len(takes) and takes[index]:
+            written.extend(outbox.take())
+    written.extend(outbox.take())
+    expected = [("event", e.seq, encode_event(e)) for e in _events()[first:]]
+    assert _decode(written, cursors) == {name: expected for name in cursors}
+
+
+def test_a_round_of_merged_subscriptions_is_one_frame_until_another_frame_comes_between() -> None:
+    events = _events()
+    cursors = {
+        name: LogCursor(
+            subscription=name,
+            session_id=session,
+            next_seq=0,
+            texts=EventTexts(),
+            merge=True,
+            caught_up=True,
+        )
+        for name, session in (("a", "s-1"), ("b", "s-2"), ("c", "s-1"))
+    }
+    outbox = Outbox()
+    batch = EventBatch(events[:3], len(events) - 1)
+    for cursor in cursors.values():
+        joined = cursor.whole(batch)
+        assert joined is not None
+        assert outbox.offer_merged(cursor.batch_prefix, joined, WEBSOCKET_FRAMING)
+    assert outbox.queued_frames == 1
+    (frame,) = outbox.take()
+    message = json.loads(_payload(frame))
+    assert message["method"] == "_harness/log/merged"
+    assert [(b["subscription"], b["sessionId"]) for b in message["params"]["batches"]] == [
+        ("a", "s-1"),
+        ("b", "s-2"),
+        ("c", "s-1"),
+    ]
+    # A frame queued between two batches seals the open merged frame: the order holds.
+    batch = EventBatch(events[3:5], len(events) - 1)
+    a, b, c = (cursors[name].whole(batch) for name in "abc")
+    assert a is not None and b is not None and c is not None
+    outbox.offer_merged(cursors["a"].batch_prefix, a, WEBSOCKET_FRAMING)
+    outbox.offer_log([WEBSOCKET_FRAMING.frame(b'{"jsonrpc":"2.0","method":"x"}')], 1)
+    outbox.offer_merged(cursors["b"].batch_prefix, b, WEBSOCKET_FRAMING)
+    outbox.offer_merged(cursors["c"].batch_prefix, c, WEBSOCKET_FRAMING)
+    methods = [json.loads(_payload(f))["method"] for f in outbox.take()]
+    assert methods == ["_harness/log/merged", "x", "_harness/log/merged"]
 
 
 async def test_a_batched_subscription_gets_the_log_in_fewer_frames() -> None:
@@ -180,3 +312,30 @@ async def test_batch_must_be_a_boolean() -> None:
         )
         assert answer["error"]["code"] == -32602
         assert answer["error"]["data"]["path"] == "/batch"
+
+
+async def test_merged_subscriptions_get_their_sessions_logs_in_shared_frames() -> None:
+    async with running_gateway() as gateway, connect(gateway) as client:
+        with trio.fail_after(30):
+            agents = [
+                await gateway.directory.create(profile="default", owner=None) for _ in range(2)
+            ]
+            for agent in agents:
+                await client.call(
+                    "_harness/log/subscribe", {"sessionId": agent.session.id, "merge": True}
+                )
+            for turn in range(3):
+                for agent in agents:
+                    agent.followup(f"turn {turn}")
+            for agent in agents:
+                await agent.when_idle()
+                await agent.session.flush()
+            expected = {a.session.id: [json.dumps(e) for e in a.session.to_json()] for a in agents}
+            await client.wait_for_log_events(sum(map(len, expected.values())))
+            assert {
+                sid: [json.dumps(e) for e in events] for sid, events in client.log_events.items()
+            } == expected
+            kinds = {n["method"] for n in client.notifications}
+            assert "_harness/log/event" not in kinds and "_harness/log/events" not in kinds
+            merged = [n for n in client.notifications if n["method"] == "_harness/log/merged"]
+            assert len(merged) < sum(map(len, expected.values()))

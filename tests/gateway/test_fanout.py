@@ -25,6 +25,8 @@ from tests.gateway.helpers import AUTH, RpcClient, connect, running_gateway
 SESSIONS = 200
 SUPERVISORS = 50
 PER_SUPERVISOR = 20
+MODES: list[dict[str, bool]] = [{}, {"batch": True}, {"merge": True}]
+"""Plain, batched and merged log subscriptions (`_harness/log/subscribe` params)."""
 TURNS = 1
 
 
@@ -77,10 +79,11 @@ async def test_fifty_supervisors_get_everything_and_a_stalled_reader_is_closed_4
                     client = await stack.enter_async_context(connect(gateway))
                     plan = [ids[(index * PER_SUPERVISOR + j) % SESSIONS] for j in range(20)]
                     for sid in plan:
-                        # Every other supervisor has its events batched (`_harness/log/events`).
+                        # A third of the supervisors have their events batched
+                        # (`_harness/log/events`), a third merged (`_harness/log/merged`).
                         await client.call(
                             "_harness/log/subscribe",
-                            {"sessionId": sid, "fromSeq": 0, "batch": index % 2 == 1},
+                            {"sessionId": sid, "fromSeq": 0, **MODES[index % 3]},
                         )
                     clients.append(client)
                     plans.append(plan)
@@ -142,9 +145,9 @@ def _log(gateway: Gateway, session_id: str) -> list[dict[str, Any]]:
     return session.to_json()
 
 
-@pytest.mark.parametrize("batch", [False, True])
+@pytest.mark.parametrize("mode", MODES)
 async def test_a_subscriber_dropped_by_the_fanout_catches_up_and_loses_nothing(
-    batch: bool,
+    mode: dict[str, bool],
 ) -> None:
     config = SimulatorConfig(reply_tokens=40)
     async with running_gateway(config=config) as gateway, connect(gateway) as client:
@@ -152,7 +155,7 @@ async def test_a_subscriber_dropped_by_the_fanout_catches_up_and_loses_nothing(
             agent = await gateway.directory.create(profile="default", owner=None)
             sid = agent.session.id
             # Live only.
-            await client.call("_harness/log/subscribe", {"sessionId": sid, "batch": batch})
+            await client.call("_harness/log/subscribe", {"sessionId": sid, **mode})
             (connection,) = gateway.connections
             # A one-byte log lane: nearly every batch the fan-out offers is refused, so the
             # subscription keeps dropping out, catching up from the log and joining again.

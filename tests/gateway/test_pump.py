@@ -183,3 +183,57 @@ async def test_a_detached_subscriber_gets_nothing_more_and_an_empty_feed_ends(
         assert subscriber.seqs == [0]
         nursery.cancel_scope.cancel()
     assert log.marks._listeners == []  # the pump's listener closed with it
+
+
+async def test_rounds_that_took_long_space_the_next_rounds_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A saturated runtime (rounds that take long, commits right after) gets fewer, larger
+    rounds; one slow round, or a pause in the commits, changes nothing."""
+    log = _Log()
+    work = 0.01  # the hand-out "takes" this long (the clock jumps in `deliver`)
+    delivered_at: list[float] = []
+    delivered = trio.Event()
+
+    @attrs.define(eq=False)
+    class _Slow(_Subscriber):
+        def deliver(self, batch: EventBatch) -> bool:
+            nonlocal delivered
+            delivered_at.append(trio.current_time())
+            autojump_clock.jump(work)
+            delivered.set()
+            delivered = trio.Event()
+            return super().deliver(batch)
+
+    async def delay_of_next_round(*, pause: float) -> float:
+        """Commit `pause` s after the last round ended; how long until the round after it."""
+        await trio.sleep(pause)
+        committed = trio.current_time()
+        next_round = delivered
+        log.commit("s")
+        await next_round.wait()
+        return delivered_at[-1] - committed
+
+    async with trio.open_nursery() as nursery:
+        fanout = Fanout(
+            changes=log.marks.changes,
+            read_now=log.read_now,
+            read=log.read,
+            work_clock=trio.current_time,
+        )
+        await nursery.start(fanout.run)
+        fanout.attach("s", 0, _Slow())
+        assert await delay_of_next_round(pause=0) == pytest.approx(0.005)
+        assert await delay_of_next_round(pause=0) == pytest.approx(0.005)  # one slow round
+        assert fanout.round_work == pytest.approx((work, work))
+        assert await delay_of_next_round(pause=0) == pytest.approx(20 * work)
+        # Time that passed since the last round counts: a runtime that paused gets it at once.
+        assert await delay_of_next_round(pause=0.05) == pytest.approx(20 * work - 0.05)
+        assert await delay_of_next_round(pause=1) == pytest.approx(0.005)
+        work = 0.0
+        assert await delay_of_next_round(pause=0) == pytest.approx(20 * 0.01)
+        assert await delay_of_next_round(pause=0) == pytest.approx(0.005)  # quick: the minimum
+        assert fanout.next_linger(0.0) == fanout.linger == 0.005
+        fanout.round_work = (10.0, 10.0)
+        assert fanout.next_linger(0.0) == fanout.linger_max
+        nursery.cancel_scope.cancel()

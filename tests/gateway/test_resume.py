@@ -20,12 +20,14 @@ def _events(notification: dict[str, Any]) -> list[dict[str, Any]]:
     if notification["method"] == "_harness/log/events":
         events: list[dict[str, Any]] = notification["params"]["events"]
         return events
+    if notification["method"] == "_harness/log/merged":
+        return [e for batch in notification["params"]["batches"] for e in batch["events"]]
     return []
 
 
-@pytest.mark.parametrize("batch", [False, True])
+@pytest.mark.parametrize("mode", [{}, {"batch": True}, {"merge": True}])
 async def test_resubscribing_from_last_plus_one_after_a_kill_yields_the_log_exactly(
-    batch: bool,
+    mode: dict[str, bool],
 ) -> None:
     config = SimulatorConfig(reply_tokens=120, token_rate=200.0)
     async with running_gateway(config=config) as gateway, connect(gateway) as control:
@@ -44,9 +46,7 @@ async def test_resubscribing_from_last_plus_one_after_a_kill_yields_the_log_exac
                 first = RpcClient(ws=ws)
                 nursery.start_soon(first.pump)
                 await first.call("initialize", {"protocolVersion": 1})
-                await first.call(
-                    "_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0, "batch": batch}
-                )
+                await first.call("_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0, **mode})
                 await control.call(
                     "_harness/session/send",
                     {
@@ -67,7 +67,7 @@ async def test_resubscribing_from_last_plus_one_after_a_kill_yields_the_log_exac
             async with connect(gateway) as second:
                 reply = await second.call(
                     "_harness/log/subscribe",
-                    {"sessionId": sid, "fromSeq": last + 1, "batch": batch},
+                    {"sessionId": sid, "fromSeq": last + 1, **mode},
                 )
                 assert reply["fromSeq"] == last + 1
                 await agent.when_idle()

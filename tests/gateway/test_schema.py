@@ -65,6 +65,8 @@ async def _exercise(client: RpcClient) -> Recorder:
     await call("_harness/sessions/watch", {})
     await call("_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0})
     await call("_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0, "batch": True})
+    await call("_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0, "merge": True})
+    await call("_harness/log/subscribe", {"sessionId": sid, "merge": True})
     await call(
         "session/prompt",
         {"sessionId": sid, "prompt": [{"type": "text", "text": 'call list_files {"path": "."}'}]},
@@ -111,6 +113,7 @@ async def test_every_harness_method_was_exercised(
     assert {
         "_harness/log/event",
         "_harness/log/events",
+        "_harness/log/merged",
         "_harness/log/caughtUp",
         "_harness/sessions/changed",
     } <= kinds
