@@ -1,5 +1,7 @@
 """Supervision: who owns and watches the actors (runtime, supervisors, subagents)."""
 
+from .awake import AwakeAgents as AwakeAgents
+from .awake import AwakeStatistics as AwakeStatistics
 from .runtime import MissingModelError as MissingModelError
 from .runtime import RegistryChange as RegistryChange
 from .runtime import RegistryService as RegistryService

@@ -3,7 +3,9 @@
 The runtime's root nursery runs, in start order: the prompt registry
 service (change fan-out), the session store's writer (unless the store is
 already running), one provider actor per configured provider that has a
-`serve` method, and the root supervisor, under which agents run. Leaving
+`serve` method, the awake agents' memory trimmer (`supervision.awake`,
+where the C library can trim), and the root supervisor, under which agents
+run. Leaving
 the runtime stops them in reverse order: the supervisor first (every agent
 writes its closing events), then the store is flushed, then the providers,
 the store writer and the registry service stop.
@@ -29,6 +31,7 @@ from actors.providers import Provider
 from actors.scope import Registration, Scope
 from actors.session import MemoryStore, SessionStore
 from actors.session.session import WallClock, new_session_id, system_clock_ms
+from supervision.awake import AwakeAgents, AwakeStatistics, find_malloc_trim
 from supervision.subagents import SubagentProvider, open_subagents
 from supervision.supervisor import (
     Child,
@@ -71,13 +74,17 @@ class _Served(Protocol):
 
 @attrs.frozen(kw_only=True)
 class RuntimeStatistics:
-    """A snapshot of the runtime: its services, supervisor, registry service and prompt."""
+    """A snapshot of the runtime: its services, supervisor, registry service and prompt.
+
+    `awake` counts the hosted agents awake now and the allocator trims done.
+    """
 
     name: str
     services: tuple[str, ...]
     supervisor: SupervisorStatistics
     registry: RegistryStatistics
     prompt: PromptStatistics
+    awake: AwakeStatistics
 
 
 @attrs.define(eq=False)
@@ -126,8 +133,8 @@ class Runtime:
     _services: list[_Service]
     default_options: AgentOptions | None = None
     """What `start_agent` uses when it is given no `options` (None: options are required)."""
-    awake_slots: trio.CapacityLimiter | None = None
-    """Bounds how many agents without subagents are awake at once (see `open_runtime`)."""
+    awake_agents: AwakeAgents = attrs.field(factory=AwakeAgents)
+    """Counts (and bounds) the agents without subagents awake at once (see `open_runtime`)."""
 
     def registry_changes(self) -> AbstractAsyncContextManager[RegistrySubscription]:
         """An async context manager yielding a coalescing channel of registry changes.
@@ -228,6 +235,7 @@ class Runtime:
             supervisor=self.supervisor.statistics(),
             registry=self.registry.statistics(),
             prompt=self.system_prompt.statistics(),
+            awake=self.awake_agents.statistics(),
         )
 
     def _hosted_start(
@@ -252,7 +260,7 @@ class Runtime:
                 tools=tools,
                 scope=self.scope,
                 clock=self._clock,
-                awake_slots=self.awake_slots,
+                awake_slots=self.awake_agents,
             )
             try:
                 if setup is not None:
@@ -336,6 +344,7 @@ async def open_runtime(
     clock: WallClock = system_clock_ms,
     default_options: AgentOptions | None = None,
     max_awake: int | None = None,
+    trim_memory: bool = True,
 ) -> AsyncIterator[Runtime]:
     """Open the root nursery, start the runtime's services and yield the `Runtime`.
 
@@ -355,6 +364,13 @@ async def open_runtime(
     then loads at most `max_awake` logs at a time, so its memory stays
     bounded. A tool that awaits another such agent's turn may wait for ever
     once every slot is held by waiting turns: size it above that depth.
+
+    With `trim_memory` (the default) the runtime gives the memory a burst
+    of such agents freed back to the operating system once they are all
+    idle again (glibc's `malloc_trim`, where the C library has it; a no-op
+    elsewhere): after at least `supervision.awake.TRIM_AFTER_SLEEPS` awake
+    periods ended and `TRIM_QUIET_SECONDS` with none awake, never per step
+    (see `supervision.awake`).
 
     Leaving the context stops everything in reverse order, shielded: the
     supervisor terminates every agent (a live turn ends aborted, cause
@@ -377,6 +393,7 @@ async def open_runtime(
     """
     if max_awake is not None and max_awake < 1:
         raise ValueError(f"open_runtime: max_awake must be at least 1, got {max_awake}")
+    awake_agents = AwakeAgents(limit=max_awake, trim=find_malloc_trim() if trim_memory else None)
     store = store or MemoryStore()
     providers = dict(providers or {})
     scope = Scope(name=name)
@@ -402,6 +419,8 @@ async def open_runtime(
                 for provider_name, provider in providers.items():
                     if isinstance(provider, _Served):
                         await start(f"provider:{provider_name}", provider.serve)
+                if awake_agents.trim is not None:
+                    await start("awake", awake_agents.serve)
                 await start("supervisor", supervisor.serve)
                 guidance.extend(system_prompt.section(section) for section in sections)
                 yield Runtime(
@@ -415,7 +434,7 @@ async def open_runtime(
                     clock=clock,
                     services=services,
                     default_options=default_options,
-                    awake_slots=None if max_awake is None else trio.CapacityLimiter(max_awake),
+                    awake_agents=awake_agents,
                 )
             finally:
                 try:

@@ -298,7 +298,8 @@ class Child(Generic[T]):
     _incarnations: int = attrs.field(default=0, init=False)
     _restarts: int = attrs.field(default=0, init=False)
     _exit: ChildExit | None = attrs.field(default=None, init=False)
-    _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+    # Only while someone waits for a change: an idle child of many keeps no Event.
+    _changed: trio.Event | None = attrs.field(default=None, init=False)
 
     @property
     def id(self) -> str:
@@ -355,7 +356,7 @@ class Child(Generic[T]):
                     f"child {self.id!r} of supervisor {self.supervisor!r} stopped "
                     f"before incarnation {incarnation} ran: {self._exit}"
                 )
-            await self._changed.wait()
+            await self._change()
         return self.value
 
     async def wait_stopped(self) -> ChildExit:
@@ -365,7 +366,7 @@ class Child(Generic[T]):
         """
         await trio.lowlevel.checkpoint()
         while self._exit is None:
-            await self._changed.wait()
+            await self._change()
         return self._exit
 
     def statistics(self) -> ChildStatistics:
@@ -376,8 +377,14 @@ class Child(Generic[T]):
 
     def _set_state(self, state: ChildState) -> None:
         self._state = state
-        self._changed.set()
-        self._changed = trio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def _change(self) -> None:
+        if self._changed is None:
+            self._changed = trio.Event()
+        await self._changed.wait()
 
     def _stop(self, exit: ChildExit) -> None:
         self._exit = exit
@@ -435,7 +442,8 @@ class Supervisor:
     max_restarts: int = attrs.field(default=3, validator=_non_negative)
     period: float = attrs.field(default=5.0, validator=_positive)
     specs: Sequence[ChildSpec[Any]] = attrs.field(default=(), converter=_specs)
-    _children: list[Child[Any]] = attrs.field(factory=list, init=False)
+    # By id, in start order: a runtime may hold many thousands of children.
+    _children: dict[str, Child[Any]] = attrs.field(factory=dict, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _exits: trio.MemorySendChannel[_Exit] = attrs.field(init=False)
     _exit_queue: trio.MemoryReceiveChannel[_Exit] = attrs.field(init=False)
@@ -456,7 +464,7 @@ class Supervisor:
 
     def children(self) -> list[Child[Any]]:
         """The children that are not stopped, in start order."""
-        return list(self._children)
+        return list(self._children.values())
 
     def child(self, child_id: str) -> Child[Any]:
         """The child `child_id`.
@@ -464,12 +472,11 @@ class Supervisor:
         Raises:
             UnknownChildError: there is no such (unstopped) child.
         """
-        for child in self._children:
-            if child.id == child_id:
-                return child
+        child = self._children.get(child_id)
+        if child is not None:
+            return child
         raise UnknownChildError(
-            f"supervisor {self.name!r} has no child {child_id!r}; "
-            f"children: {[c.id for c in self._children]}"
+            f"supervisor {self.name!r} has no child {child_id!r}; children: {list(self._children)}"
         )
 
     def statistics(self) -> SupervisorStatistics:
@@ -504,7 +511,7 @@ class Supervisor:
         """
         if self._nursery is not None:
             raise SupervisionError(f"supervisor {self.name!r} is already running")
-        self._children = []
+        self._children = {}
         self._restart_times = []
         failure: SupervisionError | None = None
         async with trio.open_nursery() as nursery:
@@ -518,7 +525,7 @@ class Supervisor:
                 self._nursery = None
                 with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_SECONDS):
                     await self._terminate_all()
-                for child in self._children:  # left over when the grace period ran out
+                for child in self._children.values():  # left after the grace period ran out
                     if child._incarnation is not None:
                         child._incarnation.cancel_scope.cancel()
                         if child._incarnation.host is not None:
@@ -552,10 +559,10 @@ class Supervisor:
 
     def _add(self, spec: ChildSpec[T] | HostedChildSpec[T]) -> Child[T]:
         self._check_running()
-        if any(child.id == spec.id for child in self._children):
+        if spec.id in self._children:
             raise DuplicateChildError(f"supervisor {self.name!r} already has a child {spec.id!r}")
         child: Child[T] = Child(spec=spec, supervisor=self.name)
-        self._children.append(child)
+        self._children[child.id] = child
         return child
 
     async def _add_and_start(self, spec: ChildSpec[T] | HostedChildSpec[T]) -> Child[T]:
@@ -635,9 +642,10 @@ class Supervisor:
             if self.strategy == "one_for_one":
                 targets = [child]
             elif self.strategy == "one_for_all":
-                targets = list(self._children)
+                targets = list(self._children.values())
             else:
-                targets = self._children[self._children.index(child) :]
+                children = list(self._children.values())
+                targets = children[children.index(child) :]
             child._set_state("restarting")
             for sibling in reversed(targets):
                 if sibling is not child:
@@ -812,11 +820,11 @@ class Supervisor:
         )
 
     def _remove(self, child: Child[Any], exit: ChildExit) -> None:
-        if child in self._children:
-            self._children.remove(child)
+        if self._children.get(child.id) is child:
+            del self._children[child.id]
         child._stop(exit)
 
     async def _terminate_all(self) -> None:
-        for child in reversed(list(self._children)):
+        for child in reversed(list(self._children.values())):
             exit = await self._terminate(child)
             self._remove(child, exit)

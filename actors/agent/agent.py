@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Literal, Protocol
 
 import attrs
@@ -128,8 +128,8 @@ class Agent:
     _loop_scope: trio.CancelScope | None = None
     _loop_done: trio.Event | None = None
     _lease_released: bool = False  # by `shutdown`
-    _awake_slots: trio.CapacityLimiter | None = None
-    """Shared by a host's agents: one slot per agent awake (see `start_hosted_agent`)."""
+    _awake_slots: AbstractAsyncContextManager[None] | None = None
+    """Shared by a host's agents, entered while awake (see `start_hosted_agent`)."""
 
     @property
     def status(self) -> Literal["idle", "running"]:
@@ -603,7 +603,7 @@ def _new_agent(
     scope: Scope | None,
     rng: random.Random | None,
     nursery: TaskSpawner,
-    awake_slots: trio.CapacityLimiter | None = None,
+    awake_slots: AbstractAsyncContextManager[None] | None = None,
 ) -> Agent:
     """The agent over an open `session`, its scope registered; its loop task starts in `nursery`."""
     agent_scope = Scope(name=f"agent:{session.id}", parent=scope)
@@ -644,7 +644,7 @@ async def start_hosted_agent(
     scope: Scope | None = None,
     clock: WallClock = system_clock_ms,
     rng: random.Random | None = None,
-    awake_slots: trio.CapacityLimiter | None = None,
+    awake_slots: AbstractAsyncContextManager[None] | None = None,
 ) -> Agent:
     """An agent like `open_agent`'s, with no nursery or task of its own: `host` runs its loop task.
 
@@ -659,11 +659,13 @@ async def start_hosted_agent(
     other writer takes the session while the agent lives. `store` must be
     running.
 
-    `awake_slots`, shared by many agents, bounds how many of them are awake
-    at once: the loop task holds a slot from before its session wakes
-    until it went idle again (hibernated), and woken input beyond the
-    limit waits, first come first served, so a burst of wakes loads at
-    most that many logs. A turn that waits for another agent sharing the
+    `awake_slots`, shared by many agents, is entered (`async with`) by the
+    loop task from before its session wakes until it went idle again
+    (hibernated). A `trio.CapacityLimiter` there bounds how many of them
+    are awake at once: woken input beyond the limit waits, first come
+    first served, so a burst of wakes loads at most that many logs (the
+    runtime's `supervision.awake.AwakeAgents` also gives memory back
+    after a burst). A turn that waits for another agent sharing the
     limiter (a tool awaiting its turn) may then wait for ever once every
     slot is held by such turns: size it above that depth.
 

@@ -37,6 +37,7 @@ from actors.providers.base import ChunkBatch, unbatched
 from actors.providers.openai_compat import OpenAICompatProvider, StreamTimeouts
 from actors.session import MemoryStore, SessionStore, SQLiteStore
 from actors.session.events import TurnEnd
+from supervision.awake import TRIM_QUIET_SECONDS
 from supervision.bench.workload import (
     API_KEY,
     MODEL,
@@ -74,6 +75,8 @@ class LevelSettings:
         max_awake: The runtime's bound on agents awake at once
             (`open_runtime(max_awake=...)`; None: as many as requests in
             flight; 0: no bound).
+        trim_memory: The runtime gives freed memory back after the burst
+            (`open_runtime(trim_memory=...)`).
     """
 
     sessions: int
@@ -84,6 +87,7 @@ class LevelSettings:
     sequential_turns: int = 50
     hibernate: bool = True
     max_awake: int | None = None
+    trim_memory: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -112,6 +116,8 @@ class LevelResult:
     request_failures: dict[str, int]
     failure_samples: list[str]
     settings: dict[str, Any]
+    allocator_trims: int = 0
+    """How many times the runtime gave freed memory back before RSS was read."""
 
 
 def _tools() -> list[Tool]:
@@ -251,6 +257,7 @@ async def run_level(
             store=store,
             providers={"sim": provider},
             max_awake=max_awake or None,
+            trim_memory=settings.trim_memory,
         ) as runtime:
 
             async def start() -> Agent:
@@ -302,8 +309,10 @@ async def _measure(
         for text, elapsed in turn_times.items()
     )
     gc.collect()
-    await trio.sleep(0.2)
+    # Idle sessions are measured idle: after the runtime's trim of what the burst freed.
+    await trio.sleep(TRIM_QUIET_SECONDS + 1.0)
     rss_after = rss_kb()
+    trims = runtime.statistics().awake.trims
     # A turn on an idle session among all the others.
     probe = random.Random(12).randrange(sessions)
     idle_turn = await _one_turn(agents[probe], user_message(sessions + probe))
@@ -330,6 +339,7 @@ async def _measure(
         request_failures=dict(provider.failures),
         failure_samples=list(provider.samples),
         settings=attrs.asdict(settings),
+        allocator_trims=trims,
     )
 
 

@@ -115,6 +115,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="agents awake at once (default: as many as requests in flight; 0: no bound)",
     )
+    parser.add_argument(
+        "--no-trim",
+        dest="trim_memory",
+        action="store_false",
+        help="do not give freed memory back after the burst (default: the runtime trims)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
 
@@ -140,6 +146,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 sequential_turns=args.sequential_turns,
                 hibernate=args.hibernate,
                 max_awake=args.max_awake,
+                trim_memory=args.trim_memory,
             )
             row = run_child(
                 harness_command(sim.url, settings), sim, f"harness level {sessions} sessions"

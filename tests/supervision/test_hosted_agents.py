@@ -81,6 +81,8 @@ async def test_idle_agents_hold_no_task_in_the_runtime_and_hibernate() -> None:
         assert all(agent.session.hibernating for agent in agents)
         assert all(not agent.statistics().loop_task for agent in agents)
         assert rt.statistics().supervisor.children == sessions
+        # Nor an Event: a child makes one only while someone waits for its state to change.
+        assert all(child._changed is None for child in rt.supervisor.children())
 
 
 async def test_a_new_session_is_not_read_back_on_first_wake_a_resumed_one_starts_hibernated() -> (
