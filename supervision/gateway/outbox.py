@@ -116,11 +116,7 @@ class Outbox:
         """Queue log frames of `size` bytes unless the lane is full or closed; True if queued."""
         if not self.log_has_room:
             return False
-        if self._merged:
-            self._seal()
-        self._log.extend(frames)
-        self._log_bytes += size
-        self._ready.set()
+        self._queue_log(frames, size)
         return True
 
     def offer_merged(self, prefix: bytes, events: bytes, framing: Framing) -> bool:
@@ -148,6 +144,15 @@ class Outbox:
         self._ready.set()
         return True
 
+    def _queue_log(self, frames: Sequence[bytes], size: int) -> None:
+        """Append log frames of `size` bytes behind everything queued (the open merged frame
+        sealed first, so log frames keep their arrival order) and wake the writer."""
+        if self._merged:
+            self._seal()
+        self._log.extend(frames)
+        self._log_bytes += size
+        self._ready.set()
+
     def _seal(self) -> None:
         """Make the open merged frame one frame at the tail of the log lane."""
         merged, framing = self._merged, self._merged_framing
@@ -173,11 +178,7 @@ class Outbox:
                 f"{self._log_bytes} bytes of log frames are waiting to be written and "
                 f"{size} more arrived (limit {self.relay_limit}); the peer is too slow"
             )
-        if self._merged:
-            self._seal()
-        self._log.extend(frames)
-        self._log_bytes += size
-        self._ready.set()
+        self._queue_log(frames, size)
 
     async def put_log(self, frames: Sequence[bytes]) -> None:
         """Queue log frames, waiting while the log lane is full.
@@ -198,11 +199,7 @@ class Outbox:
         await trio.lowlevel.checkpoint()
         if self._closed:
             raise OutboxClosed("the connection is closing")
-        if self._merged:
-            self._seal()
-        self._log.extend(frames)
-        self._log_bytes += sum(len(frame) for frame in frames)
-        self._ready.set()
+        self._queue_log(frames, sum(len(frame) for frame in frames))
 
     async def wait_ready(self) -> None:
         """Return once something is queued (without taking it). Cancellable."""
