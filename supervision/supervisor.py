@@ -195,6 +195,12 @@ class _Incarnation:
     host: ChildHost | None = None
     """A hosted child's host (None for a child with a task of its own)."""
 
+    def cancel(self) -> None:
+        """Cancel the incarnation's task, or a hosted child's tasks."""
+        self.cancel_scope.cancel()
+        if self.host is not None:
+            self.host.cancel()
+
 
 @attrs.define(eq=False)
 class ChildHost:
@@ -527,9 +533,7 @@ class Supervisor:
                     await self._terminate_all()
                 for child in self._children.values():  # left after the grace period ran out
                     if child._incarnation is not None:
-                        child._incarnation.cancel_scope.cancel()
-                        if child._incarnation.host is not None:
-                            child._incarnation.host.cancel()
+                        child._incarnation.cancel()
                 nursery.cancel_scope.cancel()
         raise failure
 
@@ -809,9 +813,7 @@ class Supervisor:
         incarnation = child._incarnation
         if incarnation is not None and incarnation.started and not incarnation.done.is_set():
             incarnation.terminating = True
-            incarnation.cancel_scope.cancel()
-            if incarnation.host is not None:
-                incarnation.host.cancel()
+            incarnation.cancel()
             self._remove(child, ChildExit(reason="terminated"))
             return
         error = incarnation.error if incarnation is not None else None
