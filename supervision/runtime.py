@@ -391,8 +391,6 @@ async def open_runtime(
         PromptError: a section is invalid or already registered.
         ValueError: `max_awake` is below 1.
     """
-    if max_awake is not None and max_awake < 1:
-        raise ValueError(f"open_runtime: max_awake must be at least 1, got {max_awake}")
     awake_agents = AwakeAgents(limit=max_awake, trim=find_malloc_trim() if trim_memory else None)
     store = store or MemoryStore()
     providers = dict(providers or {})
