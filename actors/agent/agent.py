@@ -303,8 +303,7 @@ class Agent:
             PromptError: the assembly failed (the message names the section,
                 variable or tool).
         """
-        await self.session.wake()  # a hibernating agent's last header comes from its log
-        self._loop.woke()
+        await self._wake()  # a hibernating agent's last header comes from its log
         return await inspect_next_step(self._loop)
 
     # -- waiting and statistics --------------------------------------------
@@ -370,8 +369,7 @@ class Agent:
             self._running = True
             self._refresh_idle()
             try:
-                await self.session.wake()
-                self._loop.woke()
+                await self._wake()
                 while self._loop.inbox.has_turn_work() and not self._parked:
                     await self._run_one_turn()
                 if self._loop.options.hibernate:
@@ -390,6 +388,15 @@ class Agent:
             await self.session.flush()
         except SessionError:
             return
+        self._release_log()
+
+    async def _wake(self) -> None:
+        """Load a hibernating session's log back, then what the loop derives from it."""
+        await self.session.wake()
+        self._loop.woke()
+
+    def _release_log(self) -> None:
+        """Let the (durable) session release its log, and the loop what it derived from it."""
         if self.session.hibernate():
             self._loop.hibernate()
 
@@ -702,6 +709,6 @@ async def start_hosted_agent(
         raise
     # A resumed log waits in the store too; a new, empty one has nothing to release (waking
     # it would only read the store back).
-    if options.hibernate and len(session) > 0 and session.hibernate():
-        agent._loop.hibernate()
+    if options.hibernate and len(session) > 0:
+        agent._release_log()
     return agent
