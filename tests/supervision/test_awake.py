@@ -156,8 +156,10 @@ def test_no_malloc_trim_when_the_c_library_lacks_it_or_cannot_be_opened(
     monkeypatch.setattr(supervision.awake.sys, "platform", "linux")
 
     class MuslLike:
+        """A C library without a `malloc_trim` attribute, as musl's."""
+
         def __init__(self, name: str | None) -> None:
-            pass  # no malloc_trim attribute, as musl's libc
+            self.name = name
 
     monkeypatch.setattr(supervision.awake.ctypes, "CDLL", MuslLike)
     assert find_malloc_trim() is None
