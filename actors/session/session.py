@@ -205,15 +205,17 @@ class Session:
     async def wake(self) -> None:
         """Reload a hibernating session's events from its store; a no-op when awake.
 
+        Always a checkpoint: a hibernating session's is the store's load (no
+        second scheduling pass before it), an awake one's a plain checkpoint.
         Cancellation: cancelling leaves the session hibernating, unchanged.
 
         Raises:
             SessionError: the store no longer holds exactly the events the
                 session had (another writer, or a damaged store).
         """
-        await trio.lowlevel.checkpoint()
         length = self._hibernated_length
         if length is None:
+            await trio.lowlevel.checkpoint()
             return
         events = await self.store.load(self.id)
         if self._hibernated_length is None:  # a concurrent wake finished first

@@ -118,3 +118,41 @@ async def test_an_agent_without_the_option_never_hibernates() -> None:
         agent.followup("one")
         await agent.when_idle()
         assert not agent.session.hibernating
+
+
+class _StepCounter(trio.abc.Instrument):
+    """Counts the times one task is scheduled."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
+async def test_waking_a_hibernating_session_takes_one_scheduling_pass_the_stores_load() -> None:
+    session = await filled_session()
+    session.hibernate()
+    counter = _StepCounter(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(counter)
+    try:
+        await session.wake()
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+    assert (counter.steps, session.hibernating) == (1, False)
+
+
+@pytest.mark.parametrize("hibernating", [True, False])
+async def test_a_wake_is_a_checkpoint_whether_or_not_the_session_hibernates(
+    hibernating: bool,
+) -> None:
+    session = await filled_session()
+    if hibernating:
+        session.hibernate()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await session.wake()
+    assert scope.cancelled_caught
+    assert session.hibernating is hibernating
