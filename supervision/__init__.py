@@ -2,6 +2,7 @@
 
 from .awake import AwakeAgents as AwakeAgents
 from .awake import AwakeStatistics as AwakeStatistics
+from .gc_policy import GcPolicyError as GcPolicyError
 from .runtime import MissingModelError as MissingModelError
 from .runtime import RegistryChange as RegistryChange
 from .runtime import RegistryService as RegistryService

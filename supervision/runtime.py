@@ -32,6 +32,12 @@ from actors.scope import Registration, Scope
 from actors.session import MemoryStore, SessionStore
 from actors.session.session import WallClock, new_session_id, system_clock_ms
 from supervision.awake import AwakeAgents, AwakeStatistics, find_malloc_trim
+from supervision.gc_policy import (
+    DEFAULT_GC_THRESHOLDS,
+    GcThresholds,
+    applied_thresholds,
+    check_thresholds,
+)
 from supervision.subagents import SubagentProvider, open_subagents
 from supervision.supervisor import (
     Child,
@@ -345,6 +351,7 @@ async def open_runtime(
     default_options: AgentOptions | None = None,
     max_awake: int | None = None,
     trim_memory: bool = True,
+    gc_thresholds: GcThresholds | None = DEFAULT_GC_THRESHOLDS,
 ) -> AsyncIterator[Runtime]:
     """Open the root nursery, start the runtime's services and yield the `Runtime`.
 
@@ -372,6 +379,13 @@ async def open_runtime(
     periods ended and `TRIM_QUIET_SECONDS` with none awake, never per step
     (see `supervision.awake`).
 
+    While it is open the process's cyclic garbage collector runs at
+    `gc_thresholds` (`gc.set_threshold`; by default a young threshold of
+    10,000 instead of CPython's 700, so a burst of many concurrent turns
+    does not keep re-walking its live heap); the process's own thresholds
+    come back once the last runtime that set any closes. None leaves the
+    collector alone (see `supervision.gc_policy`).
+
     Leaving the context stops everything in reverse order, shielded: the
     supervisor terminates every agent (a live turn ends aborted, cause
     "disposed", and is written), the store is flushed, then the providers,
@@ -390,7 +404,10 @@ async def open_runtime(
             `SHUTDOWN_GRACE_SECONDS`.
         PromptError: a section is invalid or already registered.
         ValueError: `max_awake` is below 1.
+        GcPolicyError: a `gc_thresholds` value is not a positive integer.
     """
+    if gc_thresholds is not None:
+        check_thresholds(gc_thresholds)
     awake_agents = AwakeAgents(limit=max_awake, trim=find_malloc_trim() if trim_memory else None)
     store = store or MemoryStore()
     providers = dict(providers or {})
@@ -402,7 +419,7 @@ async def open_runtime(
     services: list[_Service] = []
     guidance: list[Registration] = []
     stuck: list[str] = []
-    with one_exception():
+    with one_exception(), applied_thresholds(gc_thresholds):
         async with trio.open_nursery() as nursery:
 
             async def start(service_name: str, serve: Callable[..., Awaitable[None]]) -> None:

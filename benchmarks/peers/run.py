@@ -26,7 +26,7 @@ from typing import Any
 from requirements import PEERS, ensure_venv
 
 from supervision.bench.harness_run import LevelSettings
-from supervision.bench.parallel import harness_command, run_child
+from supervision.bench.parallel import DEFAULT_POOLS, harness_command, run_child
 from supervision.bench.report import format_table, write_plot
 from supervision.bench.simulator_process import start_simulator_process
 from supervision.bench.workload import workload_json
@@ -59,7 +59,9 @@ def main() -> int:
     parser.add_argument("--sequential-turns", type=int, default=20)
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
     parser.add_argument("--http", choices=("1.1", "2"), default="1.1", help="harness's HTTP")
-    parser.add_argument("--pools", type=int, default=128, help="harness's connection pools")
+    parser.add_argument(
+        "--pools", type=int, default=DEFAULT_POOLS, help="harness's connection pools"
+    )
     args = parser.parse_args()
     pythons = {peer: ensure_venv(peer) for peer in args.peers}
     rows: list[dict[str, Any]] = []

@@ -25,6 +25,10 @@ from supervision.bench.report import PlotError, format_table, write_plot
 from supervision.bench.simulator_process import SimulatorProcess, start_simulator_process
 
 DEFAULT_SESSIONS = (100, 1000, 10000)
+DEFAULT_POOLS = 256
+"""The client's connection pools: about 4 connections each at the 1,000 requests in flight of
+N = 1,000, since httpcore's scan of a pool, on every request start and end, walks each of its
+connections (see benchmarks/README.md for the measurements)."""
 
 
 class BenchError(RuntimeError):
@@ -95,7 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "actors.providers.http_client for why it is not the default)",
     )
     parser.add_argument(
-        "--pools", type=int, default=128, help="connection pools in the client (default 128)"
+        "--pools",
+        type=int,
+        default=DEFAULT_POOLS,
+        help=f"connection pools in the client (default {DEFAULT_POOLS})",
     )
     parser.add_argument(
         "--max-in-flight", type=int, default=None, help="requests in flight (default: min(N, 1000))"

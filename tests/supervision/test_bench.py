@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import trio
 from actors.providers.simulator import SimRequest, SimulatorConfig, serve_simulator
 from actors.providers.simulator.tokens import render_message
 from supervision.bench.harness_run import LevelSettings, run_level
+from supervision.bench.parallel import DEFAULT_POOLS, add_arguments
 from supervision.bench.report import format_table, write_plot
 from supervision.bench.simulator_process import (
     BenchEngine,
@@ -215,3 +217,10 @@ def test_the_simulator_process_serves_chat_and_its_routes(http2: bool) -> None:
         assert sim.accounting().chat_requests == 0
         assert sim.cpu_seconds() > 0
     assert sim.process.poll() is not None
+
+
+def test_the_parallel_benchmark_spreads_its_connections_over_256_pools_by_default() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).pools == DEFAULT_POOLS == 256
+    assert parser.parse_args(["--pools", "8"]).pools == 8
