@@ -342,7 +342,6 @@ class SimulatorEngine:
             script=self.config.script,
             cache=self._cache,
             chains=self._chains,
-            tool_lists=self._tool_lists,
             reply_tokens=self.config.reply_tokens,
         )
         record.usage = types.MappingProxyType(answer.usage)
