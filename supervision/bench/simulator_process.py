@@ -26,6 +26,7 @@ events; every framework measured meets the same server.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -307,6 +308,31 @@ def start_simulator_process(
 BACKLOG = 4096
 """The listening socket's backlog: a level opens up to 1,000 connections at once."""
 
+GC_THRESHOLDS = (1_000_000, 10, 100)
+"""The simulator process's `gc.set_threshold`: a level's requests allocate few cycles.
+
+With the default (700, 10, 10), 1,000 requests in flight (each an 18 KB body
+parsed into some hundreds of containers) set off a collection every few
+requests, and a full one every few hundred, each walking every body still
+in flight: more than half of the process's CPU at N=1000 went to the
+collector. The first threshold counts containers allocated less those
+freed, so at a million a collection comes when a million objects have
+piled up (cycles, or more than 1,000 requests' bodies at once), not while
+each request frees what it parsed. Replaying an N=1000 level's 2,106
+requests in process: 87 ms of collections instead of 2.2 s, same peak RSS.
+"""
+
+
+def tune_gc() -> None:
+    """Collect rarely (`GC_THRESHOLDS`), and never walk what is alive at startup (`gc.freeze`).
+
+    Cyclic garbage is still collected, only in larger batches; reference
+    counting frees everything else at once, as before.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Serve a `BenchEngine` on a free loopback port until terminated (SIGTERM)."""
@@ -327,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     )
     app = SimulatorApp(engine)
+    tune_gc()
     if args.http2:
         _serve_hypercorn(app)
     else:
@@ -350,6 +377,8 @@ def _serve_uvicorn(app: SimulatorApp) -> None:
         access_log=False,
         log_level="warning",
         server_header=False,
+        # No proxy in front: X-Forwarded-* headers are not read (nor their middleware run).
+        proxy_headers=False,
         backlog=BACKLOG,
     )
     print(f"http://{host}:{port}", flush=True)

@@ -13,6 +13,11 @@ from actors.providers.simulator.tokens import tools_text
 from actors.providers.simulator.tool_lists import ToolLists
 from actors.providers.simulator.validation import _check_tools
 
+
+def _unchecked(tools: list[Any]) -> None:
+    """A check every list passes."""
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
@@ -26,7 +31,7 @@ def test_every_list_gets_the_header_the_uncached_render_gives(
 ) -> None:
     memo = ToolLists(max_lists=3)
     for tools in [*lists, *lists]:
-        assert memo.header(tools) == tools_text(tools)
+        assert memo.checked_header(tools, _unchecked) == tools_text(tools)
 
 
 def test_values_equal_in_python_but_not_in_json_get_their_own_header() -> None:
@@ -34,8 +39,7 @@ def test_values_equal_in_python_but_not_in_json_get_their_own_header() -> None:
     variants: list[list[object]] = [[{"a": 1}], [{"a": 1.0}], [{"a": True}], [{"b": 0, "a": 1}]]
     variants.append([{"a": 1, "b": 0}])
     for tools in [*variants, *variants]:
-        assert lists.header(tools) == tools_text(tools)
-    assert lists.header([]) == lists.header(None) == ""
+        assert lists.checked_header(tools, _unchecked) == tools_text(tools)
 
 
 def test_a_list_that_passed_is_not_checked_again_and_one_that_failed_always_is() -> None:
@@ -49,14 +53,29 @@ def test_a_list_that_passed_is_not_checked_again_and_one_that_failed_always_is()
     good: list[Any] = [{"type": "function", "function": {"name": "f"}}]
     bad: list[Any] = [{"type": "function", "function": {"name": 1}}]
     for _ in range(3):
-        lists.check([dict(tool) for tool in good], check)
+        lists.checked_header([dict(tool) for tool in good], check)
         with pytest.raises(Rejection, match=r"tools\[0\]"):
-            lists.check(bad, check)
+            lists.checked_header(bad, check)
     assert checked == [good, bad, bad, bad]
     # 1 and 1.0 are equal in Python, not in JSON: separate lists, checked each.
-    lists.check([{"type": "function", "function": {"name": "f", "x": 1}}], check)
-    lists.check([{"type": "function", "function": {"name": "f", "x": 1.0}}], check)
+    lists.checked_header([{"type": "function", "function": {"name": "f", "x": 1}}], check)
+    lists.checked_header([{"type": "function", "function": {"name": "f", "x": 1.0}}], check)
     assert len(checked) == 6 and len(lists) == 2
+
+
+def test_a_list_that_fails_its_check_gets_no_header_and_is_checked_again() -> None:
+    lists = ToolLists()
+    tools: list[Any] = [{"type": "function", "function": {"name": "f"}}]
+    failures = iter([Rejection(422, "no")])
+
+    def check(_: list[Any]) -> None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+
+    with pytest.raises(Rejection):
+        lists.checked_header(tools, check)
+    assert lists.checked_header(tools, check) == tools_text(tools)
 
 
 def test_a_list_marshal_refuses_is_handled_without_the_memo() -> None:
@@ -65,5 +84,5 @@ def test_a_list_marshal_refuses_is_handled_without_the_memo() -> None:
     for _ in range(3000):
         deep = [deep]
     with pytest.raises(Rejection):
-        lists.check(deep, _check_tools)
+        lists.checked_header(deep, _check_tools)
     assert len(lists) == 0

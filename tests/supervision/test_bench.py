@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import subprocess
 import sys
@@ -18,9 +19,11 @@ from supervision.bench.harness_run import LevelSettings, run_level
 from supervision.bench.parallel import DEFAULT_POOLS, add_arguments
 from supervision.bench.report import format_table, write_plot
 from supervision.bench.simulator_process import (
+    GC_THRESHOLDS,
     BenchEngine,
     physical_hit_limit,
     start_simulator_process,
+    tune_gc,
 )
 from supervision.bench.workload import (
     SESSION_MARK,
@@ -31,6 +34,18 @@ from supervision.bench.workload import (
 
 SYSTEM = {"role": "system", "content": "s " * 200}
 USER = {"role": "user", "content": "hello there"}
+
+
+def test_the_simulator_process_collects_rarely_and_skips_what_lives_from_startup() -> None:
+    thresholds = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
 
 
 def test_the_limit_of_a_first_step_is_the_shared_tools_and_system_prefix() -> None:

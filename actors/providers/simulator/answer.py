@@ -34,7 +34,6 @@ from actors.providers.simulator.model import (
 from actors.providers.simulator.prompt_chain import PromptChains
 from actors.providers.simulator.script import ModelScript
 from actors.providers.simulator.tokens import message_text, tokenize
-from actors.providers.simulator.tool_lists import ToolLists
 from actors.providers.simulator.validation import Chat
 
 
@@ -66,7 +65,6 @@ def compose_answer(
     script: ModelScript | None,
     cache: PrefixCache,
     chains: PromptChains,
-    tool_lists: ToolLists,
     reply_tokens: int,
 ) -> Answer:
     """Answer `chat`, accounting its prompt and reply in `cache`.
@@ -80,11 +78,9 @@ def compose_answer(
             prompt followed by the reply.
         chains: The memo of the prompt's tokens and block digests, per
             segment (the same figures as rendering the whole prompt).
-        tool_lists: Renders the tool header once per distinct tools list.
         reply_tokens: The length of a deterministic filler reply, in tokens.
     """
-    header = tool_lists.header(chat.tools)
-    texts = [header] if header else []
+    texts = [chat.tools_header] if chat.tools_header else []
     texts += [message_text(message) for message in _as_seen(chat.messages, chat.thinking)]
     prompt, prompt_digests = chains.walk(chat.cache_key, texts)
     seed = prompt.seed

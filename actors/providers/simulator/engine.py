@@ -24,7 +24,6 @@ process, served by Uvicorn); under Trio every wait is Trio's own, so
 
 from __future__ import annotations
 
-import json
 import time
 import types
 from collections import deque
@@ -36,6 +35,7 @@ import anyio
 import attrs
 
 from actors.providers.simulator.answer import Answer, compose_answer
+from actors.providers.simulator.body_json import parse_body
 from actors.providers.simulator.cache import CacheStatistics, PrefixCache
 from actors.providers.simulator.completion import completion_body, stream_only_fields
 from actors.providers.simulator.config import Profile, SimulatorConfig
@@ -313,7 +313,7 @@ class SimulatorEngine:
         if len(request.body) > self.config.max_body_bytes:
             return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes")
         try:
-            record.body = json.loads(request.body)
+            record.body = parse_body(request.body)
         except ValueError as exc:
             return error_response(400, f"Failed to deserialize the JSON body: {exc}")
         try:
@@ -342,7 +342,6 @@ class SimulatorEngine:
             script=self.config.script,
             cache=self._cache,
             chains=self._chains,
-            tool_lists=self._tool_lists,
             reply_tokens=self.config.reply_tokens,
         )
         record.usage = types.MappingProxyType(answer.usage)

@@ -46,26 +46,22 @@ class ToolLists:
         """The lists remembered now."""
         return len(self._lists)
 
-    def check(self, tools: list[Any], check: Callable[[list[Any]], None]) -> None:
-        """Run `check(tools)` unless an equal list passed it before.
+    def checked_header(self, tools: list[Any], check: Callable[[list[Any]], None]) -> str:
+        """Run `check(tools)` unless an equal list passed it before; return the list's header.
+
+        The header is `tokens.tools_text(tools)`, rendered once per distinct
+        list (the same str each time); the list is keyed once for both.
 
         Raises:
             Exception: whatever `check` raises (a failing list is not remembered).
         """
         known = self._known(tools)
-        if known is not None and known.valid:
-            return
-        check(tools)
-        if known is not None:
-            known.valid = True
-
-    def header(self, tools: list[Any] | None) -> str:
-        """`tokens.tools_text(tools)`, rendered once per distinct list (the same str each time)."""
-        if not tools:
-            return ""
-        known = self._known(tools)
         if known is None:
+            check(tools)
             return tools_text(tools)
+        if not known.valid:
+            check(tools)
+            known.valid = True
         if known.header is None:
             known.header = tools_text(tools)
         return known.header

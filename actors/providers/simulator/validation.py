@@ -19,6 +19,7 @@ from actors.providers.simulator.choice import ToolChoice
 from actors.providers.simulator.config import Profile, SimulatorConfig
 from actors.providers.simulator.parameters import parse_parameters
 from actors.providers.simulator.rejection import Rejection as Rejection
+from actors.providers.simulator.tokens import tools_text
 from actors.providers.simulator.tool_lists import ToolLists
 
 _ROLES = ("system", "user", "assistant", "tool")
@@ -33,6 +34,7 @@ class Chat:
         profile: The model's reasoning-content rule.
         messages: The messages, as sent.
         tools: The tools, as sent, if any.
+        tools_header: Their rendered header (`tokens.tools_text`; empty without tools).
         max_tokens: The cap on reply text tokens, if any.
         thinking: Whether the request is in thinking mode: the reply
             reasons first (always for `reasoner` and `r1`).
@@ -48,6 +50,7 @@ class Chat:
     profile: Profile
     messages: list[dict[str, Any]]
     tools: list[Any] | None
+    tools_header: str
     max_tokens: int | None
     thinking: bool
     cache_key: str
@@ -66,8 +69,9 @@ def parse_chat(
     Args:
         body: The request body, parsed from JSON.
         config: Supplies the known models' profiles and the default profile.
-        tool_lists: Remembers tools lists that passed their checks, so an
-            equal list is not checked again (None: check every time).
+        tool_lists: Remembers tools lists that passed their checks, and their
+            rendered header, so an equal list is neither checked nor rendered
+            again (None: check and render every time).
 
     Raises:
         Rejection: the body breaks one of DeepSeek's rules; the first
@@ -102,10 +106,12 @@ def parse_chat(
     )
     _check_reasoning(messages, profile, thinking)
     tools = body.get("tools")
-    if isinstance(tools, list) and tool_lists is not None:
-        tool_lists.check(tools, _check_tools)
+    header = ""
+    if isinstance(tools, list) and tools and tool_lists is not None:
+        header = tool_lists.checked_header(tools, _check_tools)
     elif tools is not None:
         _check_tools(tools)
+        header = tools_text(tools)
     parameters = parse_parameters(body, thinking=thinking, tools=tools)
     user = body.get("user")
     return Chat(
@@ -113,6 +119,7 @@ def parse_chat(
         profile=profile,
         messages=messages,
         tools=tools,
+        tools_header=header,
         max_tokens=parameters.max_tokens,
         thinking=thinking,
         cache_key=json.dumps([model, thinking, user if isinstance(user, str) else None]),
