@@ -9,16 +9,17 @@ implement the one-writer-per-session lease of `actors/session/lease.py`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import trio
 
-from actors.session.codec import event_from_json, event_to_shared_json
+from actors.session.codec import event_from_json, event_to_json, event_to_shared_json
 from actors.session.durability import DurableChanges, DurableMarks
 from actors.session.errors import SessionError
-from actors.session.events import Event
+from actors.session.events import Event, RequestHeaderLogged
 from actors.session.lease import (
     Lease,
     SessionBusyError,
@@ -133,15 +134,17 @@ class SessionStore(Protocol):
 class MemoryStore:
     """An in-process store: durable for the life of the object, no writer task needed.
 
-    Events are kept in their JSON form, with the decoded tool schemas of
-    request headers shared between sessions (`event_to_shared_json`), so an
-    idle session's log costs what its own events hold.
+    Events are kept in their durable JSON form: each as its compact JSON
+    text (one small object per event, not a tree of dicts, lists and
+    strings), except request headers, kept decoded with their tool schemas
+    shared between sessions (`event_to_shared_json`), so an idle session's
+    log costs about the bytes of its own events.
 
     Leases never expire here: every holder lives in this process, and
     `open_agent` releases its lease however it exits.
     """
 
-    _logs: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    _logs: dict[str, list[str | dict[str, Any]]] = attrs.field(factory=dict, init=False)
     _holders: dict[str, Lease] = attrs.field(factory=dict, init=False)
     _epochs: dict[str, int] = attrs.field(factory=dict, init=False)
     _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
@@ -171,7 +174,10 @@ class MemoryStore:
     async def load(self, session_id: str) -> list[Event]:
         """The session's events, decoded from their stored JSON."""
         await trio.lowlevel.checkpoint()
-        return [event_from_json(obj) for obj in self._log(session_id)]
+        return [
+            event_from_json(json.loads(item) if type(item) is str else item)
+            for item in self._log(session_id)
+        ]
 
     async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
         """Take the lease of `session_id`; `SessionBusyError` while another holds it."""
@@ -206,6 +212,8 @@ class MemoryStore:
         Raises:
             SessionFencedError: `lease` is no longer the session's lease.
             SessionBusyError: no `lease` was given while another writer holds one.
+            SessionError: a seq does not continue the log, or an event cannot
+                be written as JSON (then none of `events` is stored).
         """
         await trio.lowlevel.checkpoint()
         holder = self._holders.get(session_id)
@@ -230,8 +238,8 @@ class MemoryStore:
                     f"session {session_id!r}: event {event.type} has seq {event.seq}, "
                     f"expected {expected}"
                 )
-        # Checked first, so a refused append stores none of its events.
-        log.extend(map(event_to_shared_json, events))
+        # Encoded first, so a refused append stores none of its events.
+        log.extend([_stored_form(session_id, event) for event in events])
         self._marks.advance(session_id, len(log) - 1)
 
     async def flush(self, session_id: str | None = None) -> None:
@@ -258,8 +266,29 @@ class MemoryStore:
         """A listener of every session's appends (each one is durable at once here)."""
         return self._marks.changes()
 
-    def _log(self, session_id: str) -> list[dict[str, Any]]:
+    def _log(self, session_id: str) -> list[str | dict[str, Any]]:
         try:
             return self._logs[session_id]
         except KeyError:
             raise UnknownSessionError(f"session {session_id!r} is not in this store") from None
+
+
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+"""Compact JSON text (ASCII, so one byte a character), without a new encoder per call."""
+
+
+def _stored_form(session_id: str, event: Event) -> str | dict[str, Any]:
+    """How a `MemoryStore` keeps `event`: its compact JSON text, or a header's shared JSON.
+
+    Raises:
+        SessionError: the event cannot be written as JSON; names the session and seq.
+    """
+    if isinstance(event.data, RequestHeaderLogged):
+        return event_to_shared_json(event)
+    try:
+        return _encode(event_to_json(event))
+    except (TypeError, ValueError) as exc:
+        raise SessionError(
+            f"session {session_id!r}: event seq {event.seq} ({event.type}) "
+            f"cannot be stored as JSON: {exc}"
+        ) from exc
