@@ -20,7 +20,10 @@ Reported: server CPU per agent step alone and attached (and the increase),
 in the burst and paced phases, the gateway's CPU per delivered event (and
 how much of it is the kernel's: socket writes), events/s delivered, and
 p50/p99 delivery latency (supervisor clock minus the event's `time`, i.e.
-from append, which is before commit: an upper bound on commit-to-delivery).
+from append, which is before commit: an upper bound on commit-to-delivery),
+and in the paced phase commit-to-delivery itself (the server notes when
+each event's append, the memory store's commit, returned; the supervisor
+when the frame carrying it arrived, before decoding it).
 
     .venv/bin/python benchmarks/gateway.py --sessions 1000 --supervisors 10
 
@@ -42,7 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -60,7 +63,7 @@ from actors.providers import Provider
 from actors.providers.actor import ProviderActor
 from actors.providers.openai_compat import OpenAICompatProvider
 from actors.providers.simulator import SimulatorConfig, SimulatorEngine, simulator_transport
-from actors.session import MemoryStore
+from actors.session import Event, Lease, MemoryStore
 from supervision.bench.simulator_process import start_simulator_process
 from supervision.bench.workload import API_KEY
 from supervision.gateway import AgentProfile, Token, open_gateway
@@ -125,6 +128,8 @@ async def _client_main(url: str, connections: int, mode: str) -> None:
     session_ids: list[str] = json.loads(sys.stdin.readline())
     stdin = trio.lowlevel.FdStream(0)
     latencies: list[int] = []
+    arrivals: list[tuple[str, int, int]] = []
+    """(session id, seq, arrival ns) of every event since the last reset (for the commit clock)."""
     received = 0
     changed = trio.Event()
     supervisors: list[_Supervisor] = []
@@ -148,22 +153,27 @@ async def _client_main(url: str, connections: int, mode: str) -> None:
             supervisors.append(supervisor)
             ready.set()
             while True:
-                message = json.loads(await ws.get_message())
+                text = await ws.get_message()
+                arrived = time.time_ns()  # delivered: the frame is here (decoding is ours)
+                message = json.loads(text)
                 method = message.get("method")
                 if method is None:
                     supervisor.answer(message)
                     continue
+                params = message.get("params", {})
                 if method == "_harness/log/event":
-                    events = [message["params"]["event"]]
+                    batches = [(params["sessionId"], [params["event"]])]
                 elif method == "_harness/log/events":
-                    events = message["params"]["events"]
+                    batches = [(params["sessionId"], params["events"])]
                 elif method == "_harness/log/merged":
-                    events = [e for b in message["params"]["batches"] for e in b["events"]]
+                    batches = [(b["sessionId"], b["events"]) for b in params["batches"]]
                 else:
                     continue
-                now = time.time_ns() // 1_000_000
-                latencies.extend(now - event["time"] for event in events)
-                received += len(events)
+                now = arrived // 1_000_000
+                for session_id, events in batches:
+                    latencies.extend(now - event["time"] for event in events)
+                    arrivals.extend((session_id, event["seq"], arrived) for event in events)
+                    received += len(events)
                 changed.set()
                 changed = trio.Event()
 
@@ -194,7 +204,23 @@ async def _client_main(url: str, connections: int, mode: str) -> None:
                 print(json.dumps({command["cmd"]: True}), flush=True)
             elif command["cmd"] == "reset":
                 latencies.clear()
+                arrivals.clear()
                 print(json.dumps({"reset": True}), flush=True)
+            elif command["cmd"] == "commit_latency":
+                commits = command["commits"]  # session id -> {seq: commit ns}
+                delays = sorted(
+                    (arrived - commits[sid][str(seq)]) / 1e6 for sid, seq, arrived in arrivals
+                )
+                print(
+                    json.dumps(
+                        {
+                            "p50": delays[len(delays) // 2] if delays else None,
+                            "p99": delays[int(len(delays) * 0.99)] if delays else None,
+                            "max": delays[-1] if delays else None,
+                        }
+                    ),
+                    flush=True,
+                )
             elif command["cmd"] == "report":
                 while received < command["until"]:
                     await changed.wait()
@@ -239,6 +265,29 @@ async def _run_turns(agents: list[Agent], turns: int) -> tuple[float, float, int
         await agent.when_idle()
     steps = sum(agent.statistics().loop.steps for agent in agents) - before
     return time.process_time() - cpu, time.perf_counter() - wall, steps
+
+
+class _StampedStore(MemoryStore):
+    """A `MemoryStore` that notes when each event became durable (wall clock, ns).
+
+    A memory store's append is its commit: the durable mark advances as the
+    append returns (no scheduling point in between), so the time read right
+    after it is the commit's. Stamped in every phase alike, alone or attached.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commits: dict[str, dict[str, int]] = {}
+
+    async def append(
+        self, session_id: str, events: Sequence[Event], *, lease: Lease | None = None
+    ) -> None:
+        """Append, then note the commit time of each event."""
+        await super().append(session_id, events, lease=lease)
+        now = time.time_ns()
+        stamps = self.commits.setdefault(session_id, {})
+        for event in events:
+            stamps[str(event.seq)] = now
 
 
 class _GcTime:
@@ -326,16 +375,16 @@ async def _provider(kind: str, sessions: int) -> AsyncIterator[Provider]:
             timeout=httpx.Timeout(120.0, connect=60.0),
             limits=httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight),
             max_in_flight=in_flight,
-            queue_size=max(256, sessions),
         )
 
 
 async def _server(args: argparse.Namespace) -> dict[str, Any]:
+    store = _StampedStore()
     async with (
         _provider(args.simulator, args.sessions) as provider,
         open_runtime(
             system_prompt=SystemPrompt(persona="bench"),
-            store=MemoryStore(),
+            store=store,
             providers={"default": provider},
         ) as runtime,
         open_gateway(
@@ -419,6 +468,7 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
 
         await command("attach")
         await command("reset")
+        store.commits.clear()
         paced_start = sum(len(agent.session) for agent in agents)
         _settle_gc()
         paced_rounds, paced_events_out = gateway.fanout.rounds, gateway.fanout.events
@@ -436,6 +486,7 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         paced_gc = GC.total - paced_gc
         paced_rounds = gateway.fanout.rounds - paced_rounds
         paced_events_out = gateway.fanout.events - paced_events_out
+        paced_commit = await command("commit_latency", commits=store.commits)
         await stdin.send_all(b'{"cmd": "quit"}\n')
         await process.wait()
         stats = gateway.statistics()
@@ -485,6 +536,9 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         "paced_rate_turns_per_s": args.rate,
         "paced_p50_ms": paced_report["p50"],
         "paced_p99_ms": paced_report["p99"],
+        "paced_commit_p50_ms": paced_commit["p50"],
+        "paced_commit_p99_ms": paced_commit["p99"],
+        "paced_commit_max_ms": paced_commit["max"],
         "burst_events_per_feed_batch": events / max(rounds, 1),
         "paced_events_per_feed_batch": paced_events_out / max(paced_rounds, 1),
         "slow_consumer_closes": stats.slow_consumer_closes,
@@ -591,6 +645,11 @@ def main() -> None:
         (
             f"delivery p50/p99, paced {result['paced_rate_turns_per_s']:.0f} turns/s",
             f"{result['paced_p50_ms']}/{result['paced_p99_ms']} ms",
+        ),
+        (
+            "commit-to-delivery p50/p99/max, paced",
+            f"{result['paced_commit_p50_ms']:.1f}/{result['paced_commit_p99_ms']:.1f}/"
+            f"{result['paced_commit_max_ms']:.1f} ms",
         ),
         (
             "events per fan-out batch, burst/paced",

@@ -76,7 +76,9 @@ def _subscribers(mode: str, sessions: int, connections: int) -> tuple[list[Any],
     """Per session, one live subscription on each connection (the gateway's own `_LiveLog`)."""
     outboxes = [Outbox() for _ in range(connections)]
     fakes = [
-        SimpleNamespace(outbox=outbox, transport=SimpleNamespace(framing=WEBSOCKET_FRAMING))
+        SimpleNamespace(
+            outbox=outbox, direct=None, transport=SimpleNamespace(framing=WEBSOCKET_FRAMING)
+        )
         for outbox in outboxes
     ]
     per_session = [

@@ -60,7 +60,7 @@ from supervision.gateway.protocol import (
     parse_frame,
     response,
 )
-from supervision.gateway.transport import Framing, Transport, TransportClosed
+from supervision.gateway.transport import DirectSend, Framing, Transport, TransportClosed
 
 if TYPE_CHECKING:
     from supervision.gateway.server import Gateway
@@ -145,22 +145,31 @@ class _LiveLog:
 
     def deliver(self, batch: EventBatch) -> bool:
         """Queue the batch's frames (a merged subscription's whole batch into the open merged
-        frame), or leave (False) when the log lane is full or closed."""
+        frame), or leave (False) when the log lane is full or closed.
+
+        A connection that writes directly is flushed once at the end of the
+        fan-out's round (`Connection.flush_round`) instead of its writer
+        being woken here."""
         if self.stopped:
             return False
-        outbox, cursor = self.outbox, self.cursor
+        connection, outbox, cursor = self.connection, self.outbox, self.cursor
         if not outbox.log_has_room:
-            self.connection.fall_behind(self)
+            connection.fall_behind(self)
             return False
+        wake = connection.direct is None
         if cursor.merge:
             joined = cursor.whole(batch)
             if joined is not None:
                 # Into the connection's open merged frame: no frame of its own.
-                outbox.offer_merged(cursor.batch_prefix, joined, self.framing)
+                outbox.offer_merged(cursor.batch_prefix, joined, self.framing, wake=wake)
+                if not wake:
+                    connection.flush_after_round()
                 return True
         frames = cursor.frames(batch, self.framing)
         if frames:
-            outbox.offer_log(frames, sum(map(len, frames)))
+            outbox.offer_log(frames, sum(map(len, frames)), wake=wake)
+            if not wake:
+                connection.flush_after_round()
         return True
 
     def fail(self, reason: str) -> None:
@@ -183,6 +192,9 @@ class Connection:
     max_frame: int
     ping: Callable[[], Awaitable[None]] | None = None
     """Sends a ping and returns at its pong (websockets); None: no keep-alive (stdio)."""
+    direct: DirectSend | None = None
+    """The transport written to synchronously at the end of a fan-out round (websockets);
+    None: the writer task writes everything."""
     ping_interval: float = DEFAULT_PING_INTERVAL_SECONDS
     ping_timeout: float = DEFAULT_PING_TIMEOUT_SECONDS
     initialized: bool = False
@@ -205,6 +217,7 @@ class Connection:
     _handlers_done: trio.Event = attrs.field(factory=trio.Event)
     _close_requested: bool = False
     _on_close: list[Callable[[], None]] = attrs.field(factory=list)
+    _flush_due: bool = False
 
     async def run(self) -> int:
         """Serve the connection until the peer leaves or it is closed; return the close code.
@@ -547,6 +560,36 @@ class Connection:
             self.close(CLOSE_SLOW_CONSUMER, str(exc))
         except OutboxClosed:
             pass
+
+    def flush_after_round(self) -> None:
+        """Have `flush_round` run once when the fan-out's current round ends."""
+        if not self._flush_due:
+            self._flush_due = True
+            self.gateway.fanout.after_round(self.flush_round)
+
+    def flush_round(self) -> None:
+        """Write what is queued now, with one system call and no task switch, when the
+        transport is free (`direct`); wake the writer for whatever is left.
+
+        What the socket does not take at once is written first by the
+        writer (under the write deadline, like any write); when another
+        write is in progress, or the connection is closing, the writer
+        writes everything as usual.
+        """
+        self._flush_due = False
+        outbox, direct = self.outbox, self.direct
+        if (
+            direct is not None
+            and outbox.has_frames
+            and not self.outbox_closed
+            and direct.can_send_now()
+        ):
+            frames = outbox.take()
+            self.frames_written += len(frames)
+            if not direct.send_now(b"".join(frames)):
+                outbox.kick()
+            return
+        outbox.wake()
 
     async def _write(self) -> None:
         # One scope for every write (cheaper than a scope per write): while a batch is being

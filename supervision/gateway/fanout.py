@@ -20,6 +20,11 @@ hibernating session, a log that has not recorded the store's commit yet)
 is read by a task of its own (`read`, from the store), and the pump leaves
 it alone until that read has been handed out.
 
+Subscribers that queue for a writer (a connection's log subscriptions) may
+ask for a callback once the round's hand-out ends (`after_round`): the
+connection then writes the whole round at once, itself, instead of waking
+its writer task once per round.
+
 A feed delivers every durable event from its `next_seq` on, in order, with
 no gap and no duplicate, so a subscriber attaches only at or after it
 (`attach` refuses one that is behind; it catches up on its own first).
@@ -112,6 +117,8 @@ class Fanout:
     round_work: tuple[float, float] = attrs.field(default=(0.0, 0.0), init=False)
     """What the last two rounds took to hand out (`work_clock`), older first."""
     _feeds: dict[str, _Feed] = attrs.field(factory=dict, init=False)
+    _after_round: list[Callable[[], None]] = attrs.field(factory=list, init=False)
+    _in_round: bool = attrs.field(default=False, init=False)
     _listener: DurableChanges | None = attrs.field(default=None, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
 
@@ -139,6 +146,7 @@ class Fanout:
                         # next moment (the rest of a streamed step) goes out with it.
                         await trio.sleep(self.next_linger(trio.current_time() - ended))
                     started = self.work_clock()
+                    self._in_round = True
                     for session_id in listener.take():
                         feed = self._feeds.get(session_id)
                         if feed is None or feed.reading:
@@ -150,6 +158,7 @@ class Fanout:
                             # never the server.
                             log.exception("the feed of session %r failed", session_id)
                             self._fail(feed, f"session {session_id!r}: the gateway's feed failed")
+                    self._end_round()
                     self.round_work = (self.round_work[1], self.work_clock() - started)
                     ended = trio.current_time()
         finally:
@@ -163,6 +172,27 @@ class Fanout:
         work when that is longer, at most `linger_max`."""
         spacing = FEED_LINGER_PER_WORK * min(self.round_work) - idle
         return max(self.linger, min(self.linger_max, spacing))
+
+    def after_round(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once the current hand-out ends (the pump's round, or one batch
+        read from the store); at once when no hand-out is running.
+
+        For subscribers (inside `deliver`); `callback` must not block. One
+        that raises is logged and the others still run.
+        """
+        if self._in_round:
+            self._after_round.append(callback)
+        else:
+            callback()
+
+    def _end_round(self) -> None:
+        self._in_round = False
+        callbacks, self._after_round = self._after_round, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("a fan-out round's end callback failed")
 
     def attach(self, session_id: str, next_seq: int, subscriber: Subscriber) -> bool:
         """Add `subscriber` from `next_seq` on; False when the feed is already past it.
@@ -234,12 +264,15 @@ class Fanout:
             return
         feed.reading = False
         if self._feeds.get(feed.session_id) is feed:
+            self._in_round = True
             try:
                 self._deliver(feed, events, head)
             except Exception:
                 log.exception("the feed of session %r failed", feed.session_id)
                 self._fail(feed, f"session {feed.session_id!r}: the gateway's feed failed")
                 return
+            finally:
+                self._end_round()
             listener.note(feed.session_id)  # more may have become durable meanwhile
 
     def _deliver(self, feed: _Feed, events: Sequence[Event], head: int) -> None:

@@ -63,6 +63,11 @@ class ReplayStream(trio.abc.Stream):
         self._inner = inner
         self._buffer = already_read
 
+    @property
+    def socket(self) -> trio.socket.SocketType | None:
+        """The TCP socket under the inner stream (sends bypass nothing here), if it is one."""
+        return self._inner.socket if isinstance(self._inner, trio.SocketStream) else None
+
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         """Buffered bytes first, then the inner stream's."""
         if self._buffer:

@@ -28,7 +28,11 @@ queued behind it, when it would pass `MERGED_MAX_BYTES` of batches, and
 when the writer takes the lane, so log frames keep their arrival order.
 
 The writer takes everything queued at once, control frames first, then log
-frames in arrival order, and writes it with one system call.
+frames in arrival order, and writes it with one system call. The session
+fan-out may queue without waking the writer (`wake=False`): at the end of
+its round the connection writes what is queued itself when the socket is
+free (`Connection.flush_round`), so a round costs no writer wakeup, and
+wakes the writer (`wake`, `kick`) only for what that could not write.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ class Outbox:
     _ready: trio.Event = attrs.field(factory=trio.Event, init=False)
     _space: trio.Event = attrs.field(factory=trio.Event, init=False)
     _closed: bool = attrs.field(default=False, init=False)
+    _kicked: bool = attrs.field(default=False, init=False)
     _merged: list[bytes] = attrs.field(factory=list, init=False)
     """The open merged frame's batches: prefix, events JSON, separator, prefix, ..."""
     _merged_size: int = attrs.field(default=0, init=False)
@@ -95,6 +100,11 @@ class Outbox:
     def queued_frames(self) -> int:
         """Frames waiting for the writer (an open merged frame counts as one)."""
         return len(self._control) + len(self._log) + (1 if self._merged else 0)
+
+    @property
+    def has_frames(self) -> bool:
+        """True while anything is queued."""
+        return bool(self._control or self._log or self._merged)
 
     @property
     def log_has_room(self) -> bool:
@@ -112,16 +122,21 @@ class Outbox:
         self._control.append(frame)
         self._ready.set()
 
-    def offer_log(self, frames: Sequence[bytes], size: int) -> bool:
-        """Queue log frames of `size` bytes unless the lane is full or closed; True if queued."""
+    def offer_log(self, frames: Sequence[bytes], size: int, *, wake: bool = True) -> bool:
+        """Queue log frames of `size` bytes unless the lane is full or closed; True if queued.
+
+        `wake=False` leaves the writer asleep: the caller then writes or wakes (`wake`).
+        """
         if not self.log_has_room:
             return False
-        self._queue_log(frames, size)
+        self._queue_log(frames, size, wake=wake)
         return True
 
-    def offer_merged(self, prefix: bytes, events: bytes, framing: Framing) -> bool:
+    def offer_merged(
+        self, prefix: bytes, events: bytes, framing: Framing, *, wake: bool = True
+    ) -> bool:
         """Add one subscription's batch to the open merged frame unless the lane is full or
-        closed; True if queued.
+        closed; True if queued. `wake` as for `offer_log`.
 
         `prefix` is the batch's object up to its `events` array
         (`{"subscription":...,"sessionId":...,"events":[`), `events` the
@@ -141,16 +156,29 @@ class Outbox:
         self._merged_size += size
         self._log_bytes += size
         self._merged_framing = framing
-        self._ready.set()
+        if wake:
+            self._ready.set()
         return True
 
-    def _queue_log(self, frames: Sequence[bytes], size: int) -> None:
+    def _queue_log(self, frames: Sequence[bytes], size: int, *, wake: bool = True) -> None:
         """Append log frames of `size` bytes behind everything queued (the open merged frame
-        sealed first, so log frames keep their arrival order) and wake the writer."""
+        sealed first, so log frames keep their arrival order) and wake the writer (`wake`)."""
         if self._merged:
             self._seal()
         self._log.extend(frames)
         self._log_bytes += size
+        if wake:
+            self._ready.set()
+
+    def wake(self) -> None:
+        """Wake the writer if anything is queued (after offers made with `wake=False`)."""
+        if self.has_frames:
+            self._ready.set()
+
+    def kick(self) -> None:
+        """Wake the writer even with nothing queued (it has a transport's tail to write);
+        its next `wait_ready` returns at once, and `take` clears the kick."""
+        self._kicked = True
         self._ready.set()
 
     def _seal(self) -> None:
@@ -202,15 +230,17 @@ class Outbox:
         self._queue_log(frames, sum(len(frame) for frame in frames))
 
     async def wait_ready(self) -> None:
-        """Return once something is queued (without taking it). Cancellable."""
-        while not self._control and not self._log and not self._merged:
+        """Return once something is queued or the writer was kicked (without taking it).
+        Cancellable."""
+        while not self._control and not self._log and not self._merged and not self._kicked:
             if self._ready.is_set():
                 self._ready = trio.Event()
             await self._ready.wait()
 
     def take(self) -> list[bytes]:
         """Every queued frame, removed: control frames first, then log frames (the open merged
-        frame sealed, last)."""
+        frame sealed, last); clears a kick."""
+        self._kicked = False
         frames = self._control
         self._control = []
         if self._merged:

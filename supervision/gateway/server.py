@@ -33,11 +33,16 @@ from supervision.gateway.connection import (
 )
 from supervision.gateway.cursors import EventTexts
 from supervision.gateway.fanout import Fanout
-from supervision.gateway.http import HttpFront, HttpRequest
+from supervision.gateway.http import HttpFront, HttpRequest, ReplayStream
 from supervision.gateway.methods import MethodTable
 from supervision.gateway.sessions import AgentProfile, SessionDirectory, summarise
 from supervision.gateway.status import StatusWatch
-from supervision.gateway.transport import SharedStream, Transport, WebSocketTransport
+from supervision.gateway.transport import (
+    DirectSend,
+    SharedStream,
+    Transport,
+    WebSocketTransport,
+)
 from supervision.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -341,6 +346,7 @@ class Gateway:
         *,
         answer_after_eof: bool = False,
         ping: Callable[[], Awaitable[None]] | None = None,
+        direct: DirectSend | None = None,
     ) -> int:
         """Run one connection actor to its end; returns its close code.
 
@@ -348,9 +354,12 @@ class Gateway:
         running before closing (for stdio, whose output stays open).
         `ping`: sends a ping and returns at its pong; given, the connection
         is kept alive with it (`ping_interval`, `ping_timeout`).
+        `direct`: the transport, when the fan-out's rounds may be written to it
+        synchronously (`Connection.flush_round`).
         """
         connection = Connection(
             ping=ping,
+            direct=direct,
             ping_interval=self.ping_interval,
             ping_timeout=self.ping_timeout,
             answer_after_eof=answer_after_eof,
@@ -370,7 +379,8 @@ class Gateway:
 
     async def handle_websocket(self, request: HttpRequest, stream: trio.abc.Stream) -> None:
         """Authenticate the handshake, then accept it and run the connection."""
-        shared = SharedStream(stream)
+        socket = stream.socket if isinstance(stream, ReplayStream | trio.SocketStream) else None
+        shared = SharedStream(stream, socket=socket)
         async with trio.open_nursery() as nursery:
             ws_request = await trio_websocket.wrap_server_stream(
                 nursery,
@@ -391,7 +401,10 @@ class Gateway:
                 websocket = await ws_request.accept(subprotocol=verdict.subprotocol)
                 transport = WebSocketTransport(connection=websocket, stream=shared)
                 await self.run_connection(
-                    transport, Principal(token=verdict.token), ping=transport.ping
+                    transport,
+                    Principal(token=verdict.token),
+                    ping=transport.ping,
+                    direct=transport if socket is not None else None,
                 )
             nursery.cancel_scope.cancel()
 

@@ -8,6 +8,7 @@ politely where the transport has close codes, and `abort` drops it at once.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable
 from typing import Protocol
@@ -84,6 +85,26 @@ WEBSOCKET_FRAMING = Framing(header=text_frame_header, trailer=b"")
 """Unmasked text frames."""
 
 
+class DirectSend(Protocol):
+    """A transport the fan-out may write to synchronously, at the end of its round.
+
+    `can_send_now()` is true when nothing else is writing and the transport
+    is open; then `send_now(data)` takes all of `data` without blocking or
+    yielding: what the socket accepts at once is written, and the rest (the
+    *tail*) is written first by the transport's next write of any kind
+    (`send_batch`, or a ping, pong or close frame), so bytes never
+    interleave. It returns True when nothing is left.
+    """
+
+    def can_send_now(self) -> bool:
+        """True when `send_now` may be called."""
+        ...
+
+    def send_now(self, data: bytes) -> bool:
+        """Write `data` now as far as the socket takes it; True when all of it was written."""
+        ...
+
+
 class SharedStream(trio.abc.Stream):
     """The TCP stream under a websocket, shared by trio-websocket and the gateway's writer.
 
@@ -92,11 +113,62 @@ class SharedStream(trio.abc.Stream):
     frames with `send_frames`. A lock serialises the two, so frames never
     interleave, and `send_frames` writes nothing once the websocket started
     closing (`closed` says so), so no data frame follows a close frame.
+
+    With `socket` (the TCP socket under `inner`), `write_now` writes without
+    a task switch or a system call beyond the write itself, while no other
+    write holds the stream and no tail waits: the part the socket's buffer does not take at
+    once is kept as the stream's *tail*, which every later write (either
+    kind) sends first, under the lock, so a frame cut by a full buffer is
+    never interleaved with another.
     """
 
-    def __init__(self, inner: trio.abc.Stream) -> None:
+    def __init__(
+        self, inner: trio.abc.Stream, socket: trio.socket.SocketType | None = None
+    ) -> None:
         self.inner = inner
         self._lock = trio.StrictFIFOLock()
+        self._socket = socket
+        self._tail = b""
+        self._closing = False
+
+    @property
+    def writable_now(self) -> bool:
+        """True when `write_now` may write: a socket, no write in progress, no tail (so a stalled
+        socket's bytes wait in the gateway's bounded outbox, not here), not closing."""
+        return (
+            self._socket is not None
+            and not self._tail
+            and not self._lock.locked()
+            and not self._closing
+        )
+
+    @property
+    def has_tail(self) -> bool:
+        """True while part of a `write_now` waits for the next write."""
+        return bool(self._tail)
+
+    def write_now(self, data: bytes) -> bool:
+        """Write `data` without waiting, as far as the socket takes it; the rest is the tail.
+
+        Only while `writable_now`. Returns True when all of `data` was
+        written. A socket error writes nothing here: the data becomes the
+        tail, and the next write reports the error.
+        """
+        assert self.writable_now and self._socket is not None
+        try:
+            written = os.write(self._socket.fileno(), data)
+        except OSError:  # a full buffer, or a broken connection the next write reports
+            written = 0
+        if written < len(data):
+            self._tail = data[written:]
+            return False
+        return True
+
+    async def _write_tail(self) -> None:
+        # Under the lock: the rest of a `write_now`, before anything else.
+        tail, self._tail = self._tail, b""
+        if tail:
+            await self.inner.send_all(tail)
 
     async def _acquire(self) -> None:
         # Uncontended (the usual case) without the scheduler pass `acquire` costs.
@@ -109,21 +181,25 @@ class SharedStream(trio.abc.Stream):
         """Write `data` after any write in progress."""
         await self._acquire()
         try:
+            await self._write_tail()
             await self.inner.send_all(data)
         finally:
             self._lock.release()
 
     async def send_frames(self, data: bytes, closed: Callable[[], bool]) -> bool:
-        """Write `data` unless `closed()` is true once the lock is held; False if not written.
+        """Write the tail, then `data` unless `closed()` is true once the lock is held; False if
+        `data` was not written (empty `data` writes only the tail).
 
         Cancellation: cancellable while waiting for the lock and while writing
         (a cancelled write may have written part of `data`).
         """
         await self._acquire()
         try:
+            await self._write_tail()
             if closed():
                 return False
-            await self.inner.send_all(data)
+            if data:
+                await self.inner.send_all(data)
             return True
         finally:
             self._lock.release()
@@ -137,7 +213,9 @@ class SharedStream(trio.abc.Stream):
         await self.inner.wait_send_all_might_not_block()
 
     async def aclose(self) -> None:
-        """Close the inner stream."""
+        """Close the inner stream (a tail still waiting is dropped)."""
+        self._closing = True
+        self._tail = b""
         await self.inner.aclose()
 
 
@@ -163,8 +241,17 @@ class WebSocketTransport:
             raise _closed(exc) from None
         return message
 
+    def can_send_now(self) -> bool:
+        """True while the websocket is open and nothing else writes (see `DirectSend`)."""
+        return self.connection.closed is None and self.stream.writable_now
+
+    def send_now(self, data: bytes) -> bool:
+        """Write text frames now, the rest when the socket drains (see `DirectSend`)."""
+        return self.stream.write_now(data)
+
     async def send_batch(self, frames: list[bytes]) -> None:
-        """Send text frames (made with `framing`) with one write."""
+        """Send text frames (made with `framing`) with one write, after the tail of a
+        `send_now` (an empty list writes only that)."""
         try:
             written = await self.stream.send_frames(
                 b"".join(frames), lambda: self.connection.closed is not None

@@ -1,0 +1,201 @@
+"""Direct writes: a fan-out round written by the connection itself, its tail, its wakeups."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+import trio.testing
+
+from supervision.gateway.cursors import EventBatch
+from supervision.gateway.fanout import Fanout
+from supervision.gateway.outbox import Outbox
+from supervision.gateway.transport import WEBSOCKET_FRAMING, SharedStream
+from tests.gateway.test_pump import _Log
+
+
+@asynccontextmanager
+async def _pair(send_buffer: int) -> AsyncIterator[tuple[SharedStream, trio.SocketStream]]:
+    """A `SharedStream` that may write directly, and the stream reading its peer."""
+    a, b = trio.socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, send_buffer)
+    shared, peer = SharedStream(trio.SocketStream(a), socket=a), trio.SocketStream(b)
+    try:
+        yield shared, peer
+    finally:
+        await trio.aclose_forcefully(shared)
+        await trio.aclose_forcefully(peer)
+
+
+async def _read_exactly(stream: trio.SocketStream, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = await stream.receive_some()
+        assert chunk, "the writer's side closed early"
+        data += chunk
+    return bytes(data)
+
+
+async def test_a_direct_write_that_fills_the_socket_keeps_its_tail_before_any_other_write() -> None:
+    async with _pair(4096) as (shared, peer):
+        big = bytes(range(256)) * 4096  # 1 MiB: far more than the socket takes at once
+        assert shared.writable_now
+        assert not shared.write_now(big)
+        assert shared.has_tail
+        assert not shared.writable_now  # a second direct write would pass the outbox's bounds
+        received = b""
+
+        async def read() -> None:
+            nonlocal received
+            received = await _read_exactly(peer, len(big) + 8)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await shared.send_all(b"PONGPONG")  # trio-websocket's own frame: after the whole tail
+        assert received == big + b"PONGPONG"
+        assert not shared.has_tail and shared.writable_now
+
+
+async def test_the_writer_sends_the_tail_then_its_frames_and_nothing_after_a_close() -> None:
+    async with _pair(4096) as (shared, peer):
+        big = b"x" * (512 * 1024)
+        assert not shared.write_now(big)
+        async with trio.open_nursery() as nursery:
+            got: list[bytes] = []
+
+            async def read() -> None:
+                got.append(await _read_exactly(peer, len(big) + 3))
+
+            nursery.start_soon(read)
+            assert await shared.send_frames(b"", lambda: False)  # a kicked writer: the tail only
+            assert await shared.send_frames(b"end", lambda: False)
+        assert got == [big + b"end"]
+        assert shared.write_now(b"a" * 10)  # a drained socket takes a small write at once
+        assert await _read_exactly(peer, 10) == b"a" * 10
+        assert not await shared.send_frames(b"late", lambda: True)  # closing: no data frame
+
+
+async def test_no_direct_write_while_another_write_holds_the_stream() -> None:
+    async with _pair(4096) as (shared, peer):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(shared.send_all, b"z" * (1024 * 1024))  # blocks: nobody reads
+            await trio.testing.wait_all_tasks_blocked()
+            assert not shared.writable_now
+            await _read_exactly(peer, 1024 * 1024)
+        assert shared.writable_now
+
+
+async def test_a_direct_write_to_a_broken_socket_fails_at_the_next_write() -> None:
+    async with _pair(4096) as (shared, peer):
+        await peer.aclose()
+        await trio.sleep(0.01)
+        for _ in range(3):  # the first writes may still be taken before the reset arrives
+            if not shared.write_now(b"y" * 100_000):
+                break
+        assert shared.has_tail
+        try:
+            await shared.send_frames(b"", lambda: False)
+        except trio.BrokenResourceError:
+            pass
+        else:
+            raise AssertionError("a write on a reset socket succeeded")
+
+
+async def test_a_closed_stream_takes_no_direct_write() -> None:
+    async with _pair(4096) as (shared, _peer):
+        await shared.aclose()
+        assert not shared.writable_now
+        assert not SharedStream(shared.inner).writable_now  # no socket: the writer writes
+
+
+async def test_offers_without_wake_leave_the_writer_asleep_until_woken_or_kicked(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    outbox = Outbox()
+    woke: list[float] = []
+
+    async def writer() -> None:
+        while True:
+            await outbox.wait_ready()
+            woke.append(trio.current_time())
+            outbox.take()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        await trio.sleep(1)
+        outbox.offer_merged(b'{"s":1,"events":[', b"{}", WEBSOCKET_FRAMING, wake=False)
+        outbox.offer_log([b"frame"], 5, wake=False)
+        await trio.sleep(1)
+        assert woke == [] and outbox.has_frames
+        outbox.wake()
+        await trio.sleep(1)
+        assert woke == [2.0] and not outbox.has_frames
+        outbox.wake()  # nothing queued: no wakeup
+        await trio.sleep(1)
+        assert woke == [2.0]
+        outbox.kick()  # a transport's tail to write: the writer runs with nothing queued
+        await trio.sleep(1)
+        assert woke == [2.0, 4.0]
+        await trio.sleep(1)
+        assert woke == [2.0, 4.0]  # `take` cleared the kick
+        nursery.cancel_scope.cancel()
+
+
+@attrs.define(eq=False)
+class _Flushing:
+    """A subscriber that asks for one callback per round, like a connection's log subscription."""
+
+    fanout: Fanout
+    ends: list[list[int]]
+    seen: list[int] = attrs.field(factory=list)
+    due: bool = False
+    broken: bool = False
+
+    def deliver(self, batch: EventBatch) -> bool:
+        self.seen.extend(event.seq for event in batch.events)
+        if not self.due:
+            self.due = True
+            self.fanout.after_round(self.flush)
+        return True
+
+    def flush(self) -> None:
+        self.due = False
+        self.ends.append(list(self.seen))
+        if self.broken:
+            raise RuntimeError("a bug in a round's end")
+
+    def fail(self, reason: str) -> None:
+        raise AssertionError(reason)
+
+
+async def test_round_end_callbacks_run_once_after_every_session_of_the_round(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = _Log(in_store={"stored"})
+    async with trio.open_nursery() as nursery:
+        fanout = Fanout(changes=log.marks.changes, read_now=log.read_now, read=log.read)
+        await nursery.start(fanout.run)
+        ends: list[list[int]] = []
+        first = _Flushing(fanout, ends, broken=True)  # its failure does not stop the others
+        second = _Flushing(fanout, ends)
+        for sid in ("a", "b", "c"):
+            fanout.attach(sid, 0, first)
+            fanout.attach(sid, 0, second)
+        for sid in ("a", "b", "c"):
+            log.commit(sid, 2)
+        await trio.sleep(1)
+        # One callback each, after all three sessions were handed out.
+        assert ends == [[0, 1] * 3, [0, 1] * 3]
+        stored = _Flushing(fanout, ends)
+        fanout.attach("stored", 0, stored)
+        log.commit("stored", 3)
+        await trio.sleep(1)
+        assert ends[-1] == [0, 1, 2]  # a batch read from the store ends its own round
+        called: list[int] = []
+        fanout.after_round(lambda: called.append(1))  # outside a round: at once
+        assert called == [1]
+        nursery.cancel_scope.cancel()
