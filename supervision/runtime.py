@@ -32,12 +32,7 @@ from actors.scope import Registration, Scope
 from actors.session import MemoryStore, SessionStore
 from actors.session.session import WallClock, new_session_id, system_clock_ms
 from supervision.awake import AwakeAgents, AwakeStatistics, find_malloc_trim
-from supervision.gc_policy import (
-    DEFAULT_GC_THRESHOLDS,
-    GcThresholds,
-    applied_thresholds,
-    check_thresholds,
-)
+from supervision.gc_policy import DEFAULT_GC_THRESHOLDS, GcThresholds, applied_thresholds
 from supervision.subagents import SubagentProvider, open_subagents
 from supervision.supervisor import (
     Child,
@@ -406,8 +401,6 @@ async def open_runtime(
         ValueError: `max_awake` is below 1.
         GcPolicyError: a `gc_thresholds` value is not a positive integer.
     """
-    if gc_thresholds is not None:
-        check_thresholds(gc_thresholds)
     awake_agents = AwakeAgents(limit=max_awake, trim=find_malloc_trim() if trim_memory else None)
     store = store or MemoryStore()
     providers = dict(providers or {})
