@@ -40,7 +40,7 @@ async def test_nodes_that_join_and_leave_are_announced_at_once(postgres_dsn: str
 
 
 async def test_a_stopped_node_leaves_the_view(postgres_dsn: str) -> None:
-    membership = Membership(postgres_dsn, dead_after=60)
+    membership = Membership(postgres_dsn, dead_after=600)
     async with trio.open_nursery() as nursery:
         view: MembershipView = await nursery.start(membership.serve_view)
         async with trio.open_nursery() as nodes:
@@ -58,7 +58,9 @@ async def test_a_stopped_node_leaves_the_view(postgres_dsn: str) -> None:
             while view.node_ids() != ["a", "b", "c"]:
                 await changed(view, view.version)
             stopping.cancel()
-            with trio.fail_after(10):  # far below dead_after: only the announcement explains it
+            # Far below dead_after: only the announcement explains it. Generous, so a
+            # loaded machine's slow thread hops and notifications do not fail it.
+            with trio.fail_after(60):
                 while view.node_ids() != ["a", "b"]:
                     await view.wait_changed(view.version)
             nodes.cancel_scope.cancel()
