@@ -194,39 +194,49 @@ def _dump(request: GenerateRequest) -> str:
     return json.dumps(request.to_json(), separators=(",", ":"), ensure_ascii=False)
 
 
-async def _report_rows(
-    events: trio.MemoryReceiveChannel[Event], rows: list[RequestRow], out: Callable[[str], None]
-) -> None:
-    """Print a row per model request as its assistant message is logged, until the watch ends."""
-    header_reason = "-"
-    appended = 0
-    out(f"{'turn/step':>9}  {'header':<8} {'prompt':>7} {'cached':>7} {'hit':>6}")
-    async with events:
-        async for event in events:
+@attrs.define
+class _RowReporter:
+    """Turns logged events into request rows, printing each row as it is found."""
+
+    out: Callable[[str], None]
+    rows: list[RequestRow] = attrs.field(factory=list)
+    seen: int = 0
+    """How many events of the log were read so far."""
+    _header_reason: str = "-"
+    _appended: int = 0
+
+    def heading(self) -> None:
+        """Print the table's heading."""
+        self.out(f"{'turn/step':>9}  {'header':<8} {'prompt':>7} {'cached':>7} {'hit':>6}")
+
+    def feed(self, events: Sequence[Event]) -> None:
+        """Read `events`, the log's next ones after `seen`; a row per model answer."""
+        for event in events:
             data = event.data
             if isinstance(data, StepStart):
-                header_reason = "-"
+                self._header_reason = "-"
             elif isinstance(data, RequestHeaderLogged):
-                header_reason = data.reason
+                self._header_reason = data.reason
             elif isinstance(data, UserMessage | ToolResult):
-                appended += len(tokenize(data.to_message().text))
+                self._appended += len(tokenize(data.to_message().text))
             elif isinstance(data, AssistantMessage) and data.usage is not None:
                 usage = data.usage
                 row = RequestRow(
                     turn=data.turn,
                     step=data.step,
-                    header=header_reason,
+                    header=self._header_reason,
                     prompt_tokens=usage.input_tokens,
                     cached_tokens=usage.cache_read_tokens,
-                    appended_tokens=usage.input_tokens if not rows else appended,
+                    appended_tokens=usage.input_tokens if not self.rows else self._appended,
                 )
-                rows.append(row)
-                appended = 0
+                self.rows.append(row)
+                self._appended = 0
                 ratio = row.cached_tokens / row.prompt_tokens if row.prompt_tokens else 0.0
-                out(
+                self.out(
                     f"{row.turn:>5}/{row.step:<3}  {row.header:<8} {row.prompt_tokens:>7} "
                     f"{row.cached_tokens:>7} {ratio:>6.1%}"
                 )
+            self.seen = event.seq + 1
 
 
 async def run_demo(
@@ -283,7 +293,7 @@ async def run_demo(
         prompt.section(PromptSection(name="tool:guidance", order=100, text=GUIDANCE))
         policies = Policies()
         policies.install(prompt)
-        rows: list[RequestRow] = []
+        reporter = _RowReporter(out)
         failure: str | None = None
         options = AgentOptions(
             model=model, provider_name="deepseek", max_tokens=max_tokens, temperature=temperature
@@ -293,17 +303,19 @@ async def run_demo(
         ) as agent:
             TimeContext().install(agent)
             out(f"session {agent.session.id} stored in {store_path}")
-            async with trio.open_nursery() as printer, agent.session.watch() as events:
-                printer.start_soon(_report_rows, events, rows, out)
-                for index, text in enumerate(TURNS):
-                    if index == 3:
-                        policies.set_sandbox("read-only")
-                    agent.followup(text)
-                    await agent.when_idle()
-                    failure = turn_failure(agent.session.events)
-                    if failure is not None:
-                        out(f"{failure}; stopping")
-                        break
+            reporter.heading()
+            for index, text in enumerate(TURNS):
+                if index == 3:
+                    policies.set_sandbox("read-only")
+                agent.followup(text)
+                await agent.when_idle()
+                # Rows come from the log as it stands after each turn: every request the
+                # turn made is in it (a live watch would see only what is durable yet).
+                reporter.feed(agent.session.events_since(reporter.seen))
+                failure = turn_failure(agent.session.events)
+                if failure is not None:
+                    out(f"{failure}; stopping")
+                    break
             session_id = agent.session.id
         await store.flush()
         stored = await store.load(session_id)
@@ -315,7 +327,7 @@ async def run_demo(
     for (turn, step, attempt), request in zip(request_attempts(log), sent, strict=False):
         if _dump(rebuild_request(log, turn, step, attempt)) == _dump(request):
             rebuilt += 1
-    frozen_rows = tuple(rows)
+    frozen_rows = tuple(reporter.rows)
     prompt_total = sum(row.prompt_tokens for row in frozen_rows)
     cached_total = sum(row.cached_tokens for row in frozen_rows)
     report = DemoReport(

@@ -23,6 +23,11 @@ async def test_demo_hits_the_cache_after_the_first_request_and_rebuilds_every_re
     report = await run_demo(store_path=store_path, out=lines.append)
     assert report.requests == 2 * len(TURNS)
     assert report.rebuilt_all and report.ok and report.failure is None
+    # One row per request, the last one included (the turn's final answer).
+    assert [(row.turn, row.step) for row in report.rows] == [
+        (turn, step) for turn in range(len(TURNS)) for step in range(2)
+    ]
+    assert sum(line.startswith(f"{len(TURNS) - 1:>5}/1 ") for line in lines) == 1
     assert report.rows[0].header == "initial"
     assert all(row.header == "-" for row in report.rows[1:])
     assert all(row.cached_tokens > 0 for row in report.rows[1:])
