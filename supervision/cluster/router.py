@@ -32,8 +32,9 @@ seq after the last event passed on (the node replays the rest from the
 store). So a slow supervisor is never closed for its log subscriptions,
 and it loses and repeats nothing.
 
-A prompt's (or a load's) `session/update`s are relayed into the same log
-lane (`Connection.relay_log`), and the prompt's reply is queued behind them
+A prompt's (or a load's) `session/update`s, and a watch's
+`_harness/sessions/changed`, are relayed into the same log lane
+(`Connection.relay_log`), and the prompt's reply is queued behind them
 there, so it never overtakes them: a slow supervisor is closed 4008 only
 when a write stalls past the write deadline, as in the single-process
 gateway, or when more than the outbox's relay limit (bytes) waits (the node
@@ -528,7 +529,8 @@ class RouterClient:
         elif method == "_harness/sessions/changed":
             watch = self.watches.get((node_id, str(params.get("subscription"))))
             if watch is not None:
-                self.connection.send_notification(
+                # Paced like the log (the node paces its watches the same way).
+                self.connection.relay_log(
                     {
                         "jsonrpc": "2.0",
                         "method": method,

@@ -249,6 +249,15 @@ class Connection:
             self._close_reason = reason
             self._nursery.cancel_scope.cancel()
 
+    def start_soon(self, task: Callable[[Connection], Awaitable[None]]) -> None:
+        """Run `task(self)` in the connection's nursery: it ends with the connection (cancelled).
+
+        For per-subscription writers (`_harness/sessions/watch`); `task` handles its own errors.
+        """
+        if self._nursery is None:
+            raise RuntimeError("the connection is not running")
+        self._nursery.start_soon(task, self)
+
     def on_close(self, callback: Callable[[], None]) -> None:
         """Call `callback()` when the connection ends (to drop registrations it made)."""
         self._on_close.append(callback)
@@ -531,8 +540,7 @@ class Connection:
         try:
             self.outbox.push_log([frame], len(frame))
         except OutboxOverflow as exc:
-            self.gateway.count_slow_consumer()
-            self.close(CLOSE_SLOW_CONSUMER, str(exc))
+            self._close_slow(str(exc))
         except OutboxClosed:
             pass
 
@@ -556,10 +564,16 @@ class Connection:
         try:
             self.outbox.put_control(self.transport.framing.frame(text.encode()))
         except OutboxOverflow as exc:
-            self.gateway.count_slow_consumer()
-            self.close(CLOSE_SLOW_CONSUMER, str(exc))
+            self._close_slow(str(exc))
         except OutboxClosed:
             pass
+
+    def _close_slow(self, reason: str) -> None:
+        """Close with 4008 (a slow consumer), counted once: only when the connection was not
+        closing already (later overflows of a closing connection change nothing)."""
+        if self._nursery is not None and not self._close_requested:
+            self.gateway.count_slow_consumer()
+            self.close(CLOSE_SLOW_CONSUMER, reason)
 
     def flush_after_round(self) -> None:
         """Have `flush_round` run once when the fan-out's current round ends."""
@@ -613,12 +627,8 @@ class Connection:
                 self._unsent = []
                 await trio.lowlevel.checkpoint_if_cancelled()
         if write.cancelled_caught:
-            self.gateway.count_slow_consumer()
             self._stalled = True
-            self.close(
-                CLOSE_SLOW_CONSUMER,
-                f"slow consumer: a write stalled for {self.write_deadline} s",
-            )
+            self._close_slow(f"slow consumer: a write stalled for {self.write_deadline} s")
 
     async def _keep_alive(self, ping: Callable[[], Awaitable[None]]) -> None:
         while True:

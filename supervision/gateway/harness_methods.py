@@ -42,6 +42,7 @@ from supervision.gateway.protocol import (
     notification,
 )
 from supervision.gateway.sessions import AGENT_CHILD_PREFIX, open_position
+from supervision.gateway.status import WatchCursor
 
 MAX_LIST_LIMIT = 500
 MAX_READ_LIMIT = 1000
@@ -101,34 +102,24 @@ async def sessions_list(params: SessionsListParams, call: Call) -> dict[str, Any
 async def sessions_watch(params: SessionsWatchParams, call: Call) -> dict[str, Any]:
     """Notify `_harness/sessions/changed` when sessions are added, change status or are removed.
 
-    A live session's change carries its full `SessionSummary`; others carry
+    The changes of the sessions the token covers are paced and
+    coalesced per watch (`supervision.gateway.status.WatchCursor`): a live
+    session's change carries its `SessionSummary`, a removed one
     `{sessionId, agent}`. Status changes (a durable `turn/start`: "running",
     `turn/end`: "idle") come from the gateway's own fan-out, for every
     gateway however it was started.
     """
     connection = call.connection
-    directory = call.gateway.directory
-    subscription = connection.new_subscription_id()
-
-    def changed(session_id: str, change: str, status: str | None) -> None:
-        if not directory.visible(call.principal, session_id):
-            return
-        session: dict[str, Any] = directory.live_summary(session_id) or {
-            "sessionId": session_id,
-            "agent": directory.agent_of(session_id),
-        }
-        if status is not None:
-            session["status"] = status  # as the log has it, not as the agent is by now
-        connection.send_notification(
-            notification(
-                "_harness/sessions/changed",
-                {"subscription": subscription, "change": change, "session": session},
-            )
-        )
-
-    connection.on_close(directory.on_change(changed))
-    connection.on_close(call.gateway.status_watch.open())
-    return {"subscription": subscription}
+    gateway = call.gateway
+    cursor = WatchCursor(
+        subscription=connection.new_subscription_id(),
+        directory=gateway.directory,
+        principal=call.principal,
+    )
+    connection.on_close(gateway.directory.on_change(cursor.record))
+    connection.on_close(gateway.status_watch.open())
+    connection.start_soon(cursor.serve)
+    return {"subscription": cursor.subscription}
 
 
 async def log_subscribe(params: LogSubscribeParams, call: Call) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from supervision.gateway.cursors import EventTexts
 from supervision.gateway.fanout import Fanout
 from supervision.gateway.http import HttpFront, HttpRequest, ReplayStream
 from supervision.gateway.methods import MethodTable
-from supervision.gateway.sessions import AgentProfile, SessionDirectory, summarise
+from supervision.gateway.sessions import AgentProfile, SessionDirectory
 from supervision.gateway.status import StatusWatch
 from supervision.gateway.transport import (
     DirectSend,
@@ -271,11 +271,10 @@ class Gateway:
             )
         input_tokens = cache_read = 0
         for agent in live:
-            usage = summarise(
-                agent.session.id, agent.session.durable_events(0), status="", agent="", parent=None
-            )["usage"]
-            input_tokens += usage["inputTokens"]
-            cache_read += usage["cacheReadTokens"]
+            # A hibernating session is not woken: its figures are cached, or read from the store.
+            figures = await self.directory.figures(agent.session.id)
+            input_tokens += figures.input_tokens
+            cache_read += figures.cache_read_tokens
         store = self.runtime.store
         commits, commit_p99 = 0, None
         store_statistics = getattr(store, "statistics", None)

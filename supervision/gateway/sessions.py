@@ -72,6 +72,8 @@ class SessionDirectory:
     _starting: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
     _listeners: list[Callable[[str, str, str | None], None]] = attrs.field(factory=list, init=False)
     _start_listeners: list[Callable[[str], None]] = attrs.field(factory=list, init=False)
+    _figures: dict[str, LogFigures] = attrs.field(factory=dict, init=False)
+    """The figures of live sessions' durable logs, folded as far as read (see `figures_now`)."""
 
     # -- lookup -------------------------------------------------------------
 
@@ -85,6 +87,7 @@ class SessionDirectory:
                 return None
         if child.state == "stopped":
             self._children.pop(session_id, None)
+            self._figures.pop(session_id, None)
             return None
         self._children[session_id] = child
         return child
@@ -96,6 +99,7 @@ class SessionDirectory:
             if not adopted.scope.closed:
                 return adopted
             del self._adopted[session_id]
+            self._figures.pop(session_id, None)
         child = self.child(session_id)
         if child is None or child.state != "running":
             return None
@@ -300,6 +304,7 @@ class SessionDirectory:
             await self.runtime.supervisor.terminate_child(child.id)
         except SupervisionError:
             return False
+        self._figures.pop(session_id, None)
         self._notify(session_id, "removed")
         return True
 
@@ -330,72 +335,174 @@ class SessionDirectory:
         """Tell the `_harness/sessions/watch` subscribers that the session's status is `status`."""
         self._notify(session_id, "status", status)
 
-    def live_summary(self, session_id: str) -> dict[str, Any] | None:
-        """The `SessionSummary` of a running session from its durable events.
+    def figures_now(self, session_id: str) -> LogFigures | None:
+        """The figures of a live session's durable log, without reading the store.
 
-        None when it is not live, or hibernates (its events are in the store only).
+        An awake session's are folded on from where they were last read (only
+        the events made durable since are looked at); a hibernating session's
+        log cannot change until it wakes, so its figures are the ones cached
+        when they cover its whole log. None: the session is not live, or it
+        hibernates and its figures were not read since it last ran
+        (`figures` reads them from the store).
         """
-        agent = self.live_agent(session_id)
-        if agent is None or agent.session.hibernating:
+        session = self.live_session(session_id)
+        if session is None:
             return None
-        return summarise(
+        cached = self._figures.get(session_id, NO_FIGURES)
+        if session.hibernating:
+            return cached if cached.head == len(session) - 1 else None
+        if cached.head < session.durable_seq:
+            cached = self._figures[session_id] = cached.fold(
+                session.durable_events(cached.head + 1)
+            )
+        return cached
+
+    async def figures(self, session_id: str) -> LogFigures:
+        """The figures of the session's durable log: `figures_now`, else read from the store.
+
+        A hibernating session is read from the store without being woken
+        (and its figures cached until it runs again); a stopped one is read
+        each time.
+
+        Raises:
+            UnknownSessionError: the session is neither live nor stored.
+        """
+        figures = self.figures_now(session_id)
+        if figures is not None:
+            return figures
+        cached = self._figures.get(session_id, NO_FIGURES)
+        events = await self.runtime.store.load(session_id)
+        session = self.live_session(session_id)
+        if session is None or not session.hibernating:
+            return NO_FIGURES.fold(events)
+        figures = cached.fold(events[cached.head + 1 :])
+        self._figures[session_id] = figures
+        return figures
+
+    def note_durable(self, session_id: str, events: Sequence[Event]) -> None:
+        """Fold durable `events` (contiguous, in seq order) into a live session's cached figures
+        when they continue them, so a session that hibernates right after is summarised
+        without reading the store."""
+        cached = self._figures.get(session_id)
+        if (
+            cached is not None
+            and events
+            and events[0].seq <= cached.head + 1 <= events[-1].seq
+            and self.live_agent(session_id) is not None
+        ):
+            self._figures[session_id] = cached.fold(events[cached.head + 1 - events[0].seq :])
+
+    def summary_now(self, session_id: str) -> dict[str, Any] | None:
+        """The `SessionSummary` of a live session, without reading the store (`figures_now`);
+        None when it would need the store."""
+        agent = self.live_agent(session_id)
+        figures = None if agent is None else self.figures_now(session_id)
+        if agent is None or figures is None:
+            return None
+        return figures.summary(
             session_id,
-            agent.session.durable_events(0),
             status=agent.status,
             agent=self.agent_of(session_id),
             parent=self.parent_of(session_id),
         )
 
     async def summary(self, session_id: str) -> dict[str, Any]:
-        """The `SessionSummary` of `session_id` (camelCase, as on the wire)."""
+        """The `SessionSummary` of `session_id` (camelCase, as on the wire).
+
+        A live session's comes from `figures` (a hibernating one is not
+        woken); a stopped one's from its stored log.
+
+        Raises:
+            UnknownSessionError: the session is neither live nor stored.
+        """
+        summary = self.summary_now(session_id)
+        if summary is not None:
+            return summary
         agent = self.live_agent(session_id)
+        try:
+            figures = await self.figures(session_id)
+        except UnknownSessionError:
+            if self.child(session_id) is None:
+                raise
+            figures = NO_FIGURES  # its agent is starting and has not stored the session yet
         if agent is not None:
-            events: Sequence[Event] = agent.session.durable_events(0)
             status: str = agent.status
         else:
-            try:
-                events = await self.runtime.store.load(session_id)
-            except UnknownSessionError:
-                if self.child(session_id) is None:
-                    raise
-                events = ()  # its agent is starting and has not stored the session yet
             status = "starting" if self.child(session_id) is not None else "stopped"
-        return summarise(
+        return figures.summary(
             session_id,
-            events,
             status=status,
             agent=self.agent_of(session_id),
             parent=self.parent_of(session_id),
         )
 
 
-def summarise(
-    session_id: str, events: Sequence[Event], *, status: str, agent: str, parent: str | None
-) -> dict[str, Any]:
-    """A `SessionSummary` from durable events: head seq, turn, times and summed usage."""
-    usage = {"inputTokens": 0, "outputTokens": 0, "cacheReadTokens": 0}
-    turn = -1
-    for event in events:
-        data = event.data
-        if isinstance(data, AssistantMessage) and data.usage is not None:
-            usage["inputTokens"] += data.usage.input_tokens
-            usage["outputTokens"] += data.usage.output_tokens
-            usage["cacheReadTokens"] += data.usage.cache_read_tokens
-        elif isinstance(data, TurnStart):
-            turn = data.turn
-    summary: dict[str, Any] = {
-        "sessionId": session_id,
-        "agent": agent,
-        "status": status,
-        "createdAt": events[0].time if events else 0,
-        "updatedAt": events[-1].time if events else 0,
-        "headSeq": len(events) - 1,
-        "turn": turn,
-        "usage": usage,
-    }
-    if parent is not None:
-        summary["parentSessionId"] = parent
-    return summary
+@attrs.frozen(kw_only=True)
+class LogFigures:
+    """What a `SessionSummary` says of the first `head + 1` events of a durable log.
+
+    Every figure is a fold over the events, so `fold` advances them over
+    the events after `head` without looking at the earlier ones again.
+    """
+
+    head: int = -1
+    created_at: int = 0
+    updated_at: int = 0
+    turn: int = -1
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+
+    def fold(self, events: Sequence[Event]) -> LogFigures:
+        """These figures advanced over `events`, the events from seq `head + 1` on, in order."""
+        if not events:
+            return self
+        turn = self.turn
+        input_tokens, output_tokens = self.input_tokens, self.output_tokens
+        cache_read = self.cache_read_tokens
+        for event in events:
+            data = event.data
+            if isinstance(data, AssistantMessage) and data.usage is not None:
+                input_tokens += data.usage.input_tokens
+                output_tokens += data.usage.output_tokens
+                cache_read += data.usage.cache_read_tokens
+            elif isinstance(data, TurnStart):
+                turn = data.turn
+        return LogFigures(
+            head=events[-1].seq,
+            created_at=self.created_at if self.head >= 0 else events[0].time,
+            updated_at=events[-1].time,
+            turn=turn,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cache_read_tokens=cache_read,
+        )
+
+    def summary(
+        self, session_id: str, *, status: str, agent: str, parent: str | None
+    ) -> dict[str, Any]:
+        """The `SessionSummary` (camelCase, as on the wire) with these figures."""
+        summary: dict[str, Any] = {
+            "sessionId": session_id,
+            "agent": agent,
+            "status": status,
+            "createdAt": self.created_at,
+            "updatedAt": self.updated_at,
+            "headSeq": self.head,
+            "turn": self.turn,
+            "usage": {
+                "inputTokens": self.input_tokens,
+                "outputTokens": self.output_tokens,
+                "cacheReadTokens": self.cache_read_tokens,
+            },
+        }
+        if parent is not None:
+            summary["parentSessionId"] = parent
+        return summary
+
+
+NO_FIGURES = LogFigures()
+"""The figures of an empty log."""
 
 
 def open_position(events: Sequence[Event]) -> tuple[int | None, int | None]:

@@ -1,30 +1,75 @@
-"""Status changes for `_harness/sessions/watch`: turn starts and ends of every live session.
+"""`_harness/sessions/watch`: session changes, followed for every watch and paced per watch.
 
-While at least one watch is open (`open()` … the returned close), every
-live session of the directory, and every session started or attached
-later, has a status subscriber on its fan-out feed: each durable
-`turn/start` is announced as "running" and each `turn/end` as "idle"
-(`SessionDirectory.announce_status`, change `"status"`): the status as the
-log has it at that seq, not as the agent is by the time it is announced
-(it may already have started its next turn, which is announced next).
-The feeds read the durable log, so the agents never wait for it, and
-with no watch open nothing follows the sessions at all. A session that
-is closed ("removed") stops being followed.
+Two parts:
+
+- `StatusWatch` (one per gateway). While at least one watch is open
+  (`open()` … the returned close), every live session of the directory,
+  and every session started or attached later, has a status subscriber on
+  its fan-out feed: each durable `turn/start` is announced as "running"
+  and each `turn/end` as "idle" (`SessionDirectory.announce_status`,
+  change `"status"`): the status as the log has it at that seq, not as the
+  agent is by the time it is announced. The feeds read the durable log, so
+  the agents never wait for it, and with no watch open nothing follows the
+  sessions at all. A session that is closed ("removed") stops being
+  followed. The batches it sees also keep the directory's summary figures
+  current (`SessionDirectory.note_durable`), so a session that hibernates
+  right after its turn is summarised without reading the store.
+- `WatchCursor` (one per watch). It is a cursor, not a queue of frames:
+  it records each change of a session the watch covers (the token's
+  session filter and the watch's `filter`) as *pending* for that session,
+  and its task (`serve`, owned by the connection) writes the pending
+  changes into the connection's log lane at the pace the socket drains,
+  blocking only itself when the lane is full (`Outbox.put_log`). Changes
+  that arrive meanwhile are coalesced, so a watch holds at most three
+  pending changes per session, however far its socket is behind; the
+  socket is closed with 4008 only when a write stalls past the deadline.
+
+What a watcher is told (what "nothing is lost" means for a watch): for
+each session it covers, every "added" and every "removed" (never coalesced
+away: a session added and removed before the watcher read either still
+shows both, in that order), and its *latest* status: consecutive status
+changes not yet written are coalesced into the newest (carried by an
+unwritten "added", which then shows it), so a watcher that falls behind
+skips intermediate statuses but never sees an older status after a newer
+one, and changes of one session arrive in the order they happened.
+Sessions' changes are written in the order each session's oldest
+unwritten change arrived. A change carries the session's `SessionSummary`
+as it is when it is written (its `status` the change's own); a "removed"
+carries `{sessionId, agent, parentSessionId?}`. The watch's `filter`
+(`agent`, `parentSessionId`, `status`, as in `_harness/sessions/list`)
+selects sessions by agent and parent; with `status`, a change is written
+when the session has that status after it, or had it in the last change
+written (so the watcher also sees it leave that status). Changes are not
+replayable: a reconnecting watcher watches first, then lists the sessions.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
+from typing import Any, Literal
 
 import attrs
+import trio
 
+from actors.session import SessionError
 from actors.session.events import TurnEnd, TurnStart
+from supervision.gateway.auth import Principal
+from supervision.gateway.connection import CLOSE_INTERNAL, Connection
 from supervision.gateway.cursors import EventBatch
 from supervision.gateway.fanout import Fanout
+from supervision.gateway.messages import SessionFilter
+from supervision.gateway.outbox import OutboxClosed
+from supervision.gateway.protocol import encode, notification
 from supervision.gateway.sessions import SessionDirectory
 
 log = logging.getLogger(__name__)
+
+WATCH_BATCH = 256
+"""Most sessions whose pending changes a watch writes in one pass (the rest keep coalescing)."""
+
+Change = Literal["added", "status", "removed"]
 
 
 @attrs.define(eq=False)
@@ -40,6 +85,7 @@ class _StatusSubscriber:
         A failing watcher is logged and skipped: it never ends the session's
         feed (which the session's log subscribers share).
         """
+        self.directory.note_durable(self.session_id, batch.events)
         for event in batch.events:
             if isinstance(event.data, TurnStart | TurnEnd):
                 status = "running" if isinstance(event.data, TurnStart) else "idle"
@@ -108,3 +154,151 @@ class StatusWatch:
         followed, self._followed = self._followed, {}
         for session_id, subscriber in followed.items():
             self.fanout.detach(session_id, subscriber)
+
+
+@attrs.define(eq=False)
+class _Pending:
+    """One unwritten change of a session; `status` is the status it reports (None: none)."""
+
+    change: Change
+    status: str | None
+
+
+@attrs.define(eq=False)
+class WatchCursor:
+    """One `_harness/sessions/watch`: its pending changes, coalesced per session, and the task
+    that writes them (see the module docstring).
+
+    `record` is the directory's change listener; `serve` is the writing task.
+    """
+
+    subscription: str
+    directory: SessionDirectory
+    principal: Principal
+    filter: SessionFilter | None = None
+    _pending: dict[str, list[_Pending]] = attrs.field(factory=dict, init=False)
+    _ready: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _matching: set[str] = attrs.field(factory=set, init=False)
+    """With a `status` filter: the sessions whose last written change had that status."""
+
+    @property
+    def pending(self) -> int:
+        """Unwritten changes (at most three per session)."""
+        return sum(len(changes) for changes in self._pending.values())
+
+    def record(self, session_id: str, change: str, status: str | None) -> None:
+        """Note a change of `session_id` for the watch, when the watch covers the session.
+
+        Never blocks. A "status" replaces the session's unwritten status (or
+        updates its unwritten "added"); a "removed" drops the unwritten
+        statuses before it (its session is gone) and is noted once.
+        """
+        directory, wanted = self.directory, self.filter
+        if not directory.visible(self.principal, session_id):
+            return
+        if wanted is not None and (
+            (wanted.agent is not None and directory.agent_of(session_id) != wanted.agent)
+            or (
+                wanted.parent_session_id is not None
+                and directory.parent_of(session_id) != wanted.parent_session_id
+            )
+        ):
+            return
+        if change == "added":
+            kind: Change = "added"
+            if status is None:
+                agent = directory.live_agent(session_id)
+                status = None if agent is None else agent.status
+        elif change == "status":
+            kind = "status"
+        else:
+            kind = "removed"
+        changes = self._pending.get(session_id)
+        if changes is None:
+            self._pending[session_id] = [_Pending(change=kind, status=status)]
+        elif kind == "status" and changes[-1].change != "removed":
+            changes[-1].status = status
+        elif kind == "removed":
+            while changes and changes[-1].change == "status":
+                changes.pop()
+            if not changes or changes[-1].change != "removed":
+                changes.append(_Pending(change="removed", status=None))
+        else:
+            changes.append(_Pending(change=kind, status=status))
+        self._ready.set()
+
+    def take(self, limit: int = WATCH_BATCH) -> list[tuple[str, list[_Pending]]]:
+        """The unwritten changes of the first `limit` sessions, removed, oldest first."""
+        taken = [
+            (session_id, self._pending[session_id])
+            for session_id in itertools.islice(self._pending, limit)
+        ]
+        for session_id, _ in taken:
+            del self._pending[session_id]
+        return taken
+
+    async def serve(self, connection: Connection) -> None:
+        """Write the pending changes as `_harness/sessions/changed` into the connection's log lane
+        until the connection ends, waiting while the lane is full.
+
+        Cancellation: the connection's end cancels it; changes not written are dropped with
+        the watch. A bug in writing closes the connection (1011).
+        """
+        try:
+            while True:
+                while not self._pending:
+                    if self._ready.is_set():
+                        self._ready = trio.Event()
+                    await self._ready.wait()
+                frames = []
+                framing = connection.transport.framing
+                for session_id, changes in self.take():
+                    for pending in changes:
+                        session = await self._describe(session_id, pending)
+                        if session is None:
+                            continue
+                        params = {
+                            "subscription": self.subscription,
+                            "change": pending.change,
+                            "session": session,
+                        }
+                        frames.append(
+                            framing.frame(encode(notification("_harness/sessions/changed", params)))
+                        )
+                if frames:
+                    await connection.outbox.put_log(frames)
+        except OutboxClosed:
+            return
+        except Exception:
+            log.exception("watch %s failed", self.subscription)
+            connection.close(CLOSE_INTERNAL, f"watch {self.subscription} failed")
+
+    async def _describe(self, session_id: str, pending: _Pending) -> dict[str, Any] | None:
+        """The `session` of a change, or None when the watch's status filter leaves it out."""
+        directory = self.directory
+        session: dict[str, Any] | None
+        if pending.change == "removed":
+            session = None
+        else:
+            session = directory.summary_now(session_id)
+            if session is None:
+                try:
+                    session = await directory.summary(session_id)
+                except SessionError:
+                    session = None  # not stored (yet): named only
+        if session is None:
+            session = {"sessionId": session_id, "agent": directory.agent_of(session_id)}
+            parent = directory.parent_of(session_id)
+            if parent is not None:
+                session["parentSessionId"] = parent
+        if pending.status is not None:
+            session["status"] = pending.status  # as the log had it, not as the agent is by now
+        wanted = None if self.filter is None else self.filter.status
+        if wanted is not None:
+            if session.get("status") == wanted:
+                self._matching.add(session_id)
+            elif session_id in self._matching:
+                self._matching.discard(session_id)
+            else:
+                return None
+        return session

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -170,6 +171,13 @@ class RpcClient:
                 raise trio_websocket.ConnectionClosed(self.ws.closed)
             await self._arrived.wait()
 
+    async def wait_until(self, condition: Any) -> None:
+        """Wait until `condition()` holds, checking it once per frame that arrives."""
+        while not condition():
+            if self.ws.closed is not None:
+                raise trio_websocket.ConnectionClosed(self.ws.closed)
+            await self._arrived.wait()
+
     async def wait_for(self, predicate: Any) -> dict[str, Any]:
         while True:
             for message in self.notifications:
@@ -231,6 +239,47 @@ async def open_client(
             yield client
             with trio.move_on_after(1):
                 await ws.aclose()
+            nursery.cancel_scope.cancel()
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+@asynccontextmanager
+async def stalled_client(gateway: Gateway) -> AsyncIterator[tuple[RpcClient, trio.CancelScope]]:
+    """A client on a TCP stream with tiny buffers at both ends, initialized, with a reader task;
+    cancel the yielded scope to stop reading (the gateway's writes to it then stall at once).
+
+    The gateway's side of the socket gets a small send buffer too (it would otherwise grow to
+    megabytes), so a few kilobytes unread are enough to stall it.
+    """
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((gateway.host, gateway.port))
+    stream = trio.SocketStream(sock)
+    before = set(gateway.connections)
+    try:
+        async with trio.open_nursery() as nursery:
+            ws = await trio_websocket.wrap_client_stream(
+                nursery,
+                stream,
+                gateway.host,
+                "/acp",
+                extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
+                message_queue_size=1,
+            )
+            client = RpcClient(ws=ws)
+            reading = trio.CancelScope()
+
+            async def read() -> None:
+                with reading:
+                    await client.pump()
+
+            nursery.start_soon(read)
+            await client.call("initialize", {"protocolVersion": 1})
+            (connection,) = gateway.connections - before
+            served = connection.transport.stream.inner.socket  # type: ignore[attr-defined]
+            served.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            yield client, reading
             nursery.cancel_scope.cancel()
     finally:
         await trio.aclose_forcefully(stream)

@@ -1,12 +1,16 @@
-"""`_harness/sessions/watch` on a gateway opened from code: added, status, removed."""
+"""`_harness/sessions/watch`: added, status, removed; coalesced and paced per watch."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import trio
+import trio.testing
 
-from tests.gateway.helpers import RpcClient, connect, running_gateway
+from actors.providers.simulator import SimulatorConfig
+from supervision.gateway.auth import Principal
+from supervision.gateway.status import WatchCursor
+from tests.gateway.helpers import ALL, RpcClient, connect, running_gateway, stalled_client
 
 
 async def _changes(watcher: RpcClient, count: int) -> list[dict[str, Any]]:
@@ -74,3 +78,132 @@ async def test_nothing_follows_the_sessions_once_no_watch_is_open() -> None:
         await _prompt(driver, sid, "unwatched")  # a whole turn: the watchers' goodbyes ran
         assert gateway.statistics().connections == 1
         assert gateway.fanout.feeds == 0
+
+
+BURST = 1000
+
+
+def _per_session(
+    notifications: list[dict[str, Any]], seen: dict[str, list[tuple[str, str | None]]]
+) -> None:
+    """Add each session's changes to `seen`: (change, status), in arrival order."""
+    for n in notifications:
+        if n["method"] == "_harness/sessions/changed":
+            session = n["params"]["session"]
+            seen.setdefault(session["sessionId"], []).append(
+                (n["params"]["change"], session.get("status"))
+            )
+
+
+async def test_a_burst_of_a_thousand_sessions_reaches_a_fast_watcher_without_a_close() -> None:
+    async with (
+        running_gateway(config=SimulatorConfig(reply_tokens=4)) as gateway,
+        connect(gateway) as watcher,
+    ):
+        with trio.fail_after(240):
+            await watcher.call("_harness/sessions/watch", {})
+            agents = [
+                await gateway.directory.create(profile="default", owner=None) for _ in range(BURST)
+            ]
+            for agent in agents:
+                agent.followup("hi")
+            for agent in agents:
+                await agent.when_idle()
+
+            seen: dict[str, list[tuple[str, str | None]]] = {}
+            read = 0
+
+            def settled() -> bool:
+                nonlocal read
+                _per_session(watcher.notifications[read:], seen)
+                read = len(watcher.notifications)
+                return len(seen) == BURST and all(
+                    c[-1] == ("status", "idle") for c in seen.values()
+                )
+
+            await watcher.wait_until(settled)
+        assert watcher.ws.closed is None
+        assert gateway.statistics().slow_consumer_closes == 0
+        for changes in seen.values():
+            # "added" first (carrying the newest status when a status came before it was
+            # written), then the statuses in the order they happened, the newest last.
+            assert changes[0][0] == "added"
+            statuses = [status for _, status in changes]
+            assert statuses in (
+                ["idle", "running", "idle"],
+                ["running", "idle"],
+                ["idle", "idle"],
+                ["idle"],
+            ), changes
+
+
+async def test_a_stalled_watcher_is_closed_4008_once_after_the_write_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running_gateway(config=SimulatorConfig(reply_tokens=4)) as gateway:
+        async with stalled_client(gateway) as (watcher, reading):
+            await watcher.call("_harness/sessions/watch", {})
+            reading.cancel()  # nothing more is read: a few kilobytes stall the gateway's writes
+            started = trio.current_time()
+            agents = [
+                await gateway.directory.create(profile="default", owner=None) for _ in range(BURST)
+            ]
+            for agent in agents:
+                agent.followup("hi")
+            for agent in agents:
+                await agent.when_idle()  # the agents never wait for the watcher
+            ran = trio.current_time() - started
+            await gateway.wait_slow_consumer_closes(1)
+            closed = trio.current_time() - started
+            await trio.testing.wait_all_tasks_blocked()
+        assert ran < 10.0 <= closed  # closed once a write stalled for the deadline (10 s)
+        assert gateway.statistics().slow_consumer_closes == 1
+        assert gateway.statistics().connections == 0
+
+
+async def test_overflows_of_a_closing_connection_count_one_slow_consumer() -> None:
+    async with running_gateway() as gateway, connect(gateway):
+        (connection,) = gateway.connections
+        connection.outbox.control_capacity = 1
+        # While the writer cannot write (its stream's lock is held here) nothing drains.
+        async with connection.transport.stream._lock:
+            for _ in range(4):
+                connection.send_notification({"jsonrpc": "2.0", "method": "x", "params": {}})
+        await trio.testing.wait_all_tasks_blocked()
+        assert gateway.statistics().slow_consumer_closes == 1
+
+
+async def test_a_watch_coalesces_each_sessions_unwritten_changes() -> None:
+    async with running_gateway() as gateway:
+        cursor = WatchCursor(
+            subscription="w", directory=gateway.directory, principal=Principal(token=ALL)
+        )
+        cases: list[tuple[list[tuple[str, str | None]], list[tuple[str, str | None]]]] = [
+            # an unwritten "added" carries the newest status
+            ([("added", "idle"), ("status", "running"), ("status", "idle")], [("added", "idle")]),
+            # only the newest unwritten status is written
+            ([("status", "running"), ("status", "idle")], [("status", "idle")]),
+            # lifecycle changes are never coalesced away
+            ([("added", "idle"), ("removed", None)], [("added", "idle"), ("removed", None)]),
+            # a removal makes unwritten statuses moot, and is written once
+            ([("status", "running"), ("removed", None)], [("removed", None)]),
+            (
+                [("removed", None), ("status", "running"), ("removed", None)],
+                [("removed", None)],
+            ),
+            # a session that runs again after its removal shows it
+            (
+                [("removed", None), ("status", "running")],
+                [("removed", None), ("status", "running")],
+            ),
+        ]
+        for index, (recorded, _) in enumerate(cases):
+            for change, status in recorded:
+                cursor.record(f"s{index}", change, status)
+        assert cursor.pending == sum(len(written) for _, written in cases)
+        taken = cursor.take(limit=4)
+        assert [sid for sid, _ in taken] == ["s0", "s1", "s2", "s3"]  # oldest first
+        taken += cursor.take()
+        assert cursor.pending == 0
+        for (_, changes), (_, written) in zip(taken, cases, strict=True):
+            assert [(c.change, c.status) for c in changes] == written
