@@ -231,7 +231,8 @@ class Gateway:
         session = self.directory.live_session(session_id)
         if session is not None and not session.hibernating and len(session) > from_seq:
             await session.wait_durable(from_seq)
-            return session.durable_events(from_seq, limit), session.durable_seq
+            if not session.hibernating:  # it may have hibernated while this waited
+                return session.durable_events(from_seq, limit), session.durable_seq
         events = await store.load(session_id)
         return tuple(events[from_seq : from_seq + limit]), len(events) - 1
 

@@ -131,9 +131,16 @@ class SessionDirectory:
         return stored + [sid for sid in live if sid not in seen]
 
     async def events(self, session_id: str) -> Sequence[Event]:
-        """The durable events of `session_id`: from the live log, else loaded from the store."""
+        """The durable events of `session_id`: from the live log, else loaded from the store.
+
+        A hibernating session is read from the store without being woken
+        (all of its events are durable, and it keeps hibernating).
+
+        Raises:
+            UnknownSessionError: the session is neither live nor stored.
+        """
         session = self.live_session(session_id)
-        if session is not None:
+        if session is not None and not session.hibernating:
             return session.durable_events(0)
         return await self.runtime.store.load(session_id)
 
