@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from actors.session import SQLiteStore
+from actors.session import SQLiteStore, event_to_json
 from actors.session.events import TurnEnd, TurnStart
 from tests.gateway.helpers import open_client
 
@@ -83,7 +83,9 @@ async def test_harness_serve_prints_its_urls_serves_a_prompt_and_stops_on_sigter
                     if n["params"]["update"]["sessionUpdate"] == "tool_call_update"
                 ]
                 assert "notes.txt" in json.dumps(results)
-                for index in range(20):  # keep the agent busy while the signal arrives
+                # Queued input when the signal comes (whether a turn is live then is up to the
+                # machine: the next test makes one live for sure).
+                for index in range(20):
                     await client.call(
                         "_harness/session/send",
                         {
@@ -102,6 +104,77 @@ async def test_harness_serve_prints_its_urls_serves_a_prompt_and_stops_on_sigter
     starts = [e.data.turn for e in events if isinstance(e.data, TurnStart)]
     ends = [e.data.turn for e in events if isinstance(e.data, TurnEnd)]
     assert starts == ends  # every live turn was closed in the log
+
+
+SLOW_DEPLOYMENT = """
+[providers.slow]
+kind = "simulator"
+token_rate = 4.0
+reply_tokens = 400
+
+[agents.default]
+provider = "slow"
+"""
+"""A simulator that streams a reply for 100 s: a turn is surely live when the signal comes."""
+
+
+async def test_harness_serve_on_sigterm_aborts_a_live_turn_and_closes_sockets_1001(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "sessions.sqlite"
+    config = tmp_path / "slow.toml"
+    config.write_text(SLOW_DEPLOYMENT)
+    command = [*HARNESS, "serve", "--config", str(config), "--port", "0", "--store", str(store)]
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(
+            functools.partial(
+                trio.run_process,
+                command,
+                stdout=subprocess.PIPE,
+                cwd=tmp_path,
+                env=_env(),
+                check=False,
+            )
+        )
+        with trio.fail_after(60):
+            gateway_line, _, token_line = await _read_lines(process.stdout, 3)
+            host, port = gateway_line.removeprefix("gateway ws://").removesuffix("/acp").split(":")
+            token = token_line.removeprefix("token ")
+            async with open_client(
+                host, int(port), headers=[("Authorization", f"Bearer {token}")]
+            ) as client:
+                sid = (await client.call("session/new", {"cwd": str(tmp_path), "mcpServers": []}))[
+                    "sessionId"
+                ]
+                await client.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": "live",
+                        "method": "session/prompt",
+                        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]},
+                    }
+                )
+                # The reply is streaming: the turn is live.
+                await client.wait_for(
+                    lambda n: (
+                        n["method"] == "session/update"
+                        and n["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+                    )
+                )
+                state = await client.call("_harness/session/state", {"sessionId": sid})
+                assert state["status"] == "running" and state["turn"] == 0
+                process.send_signal(signal.SIGTERM)
+                await process.wait()
+                await client.wait_until(lambda: client.ws.closed is not None)
+                assert client.ws.closed is not None and client.ws.closed.code == 1001
+    assert process.returncode == 0
+    events = await SQLiteStore(store).load(sid)
+    ends = [e for e in events if isinstance(e.data, TurnEnd)]
+    assert len(ends) == 1 and ends[0] is events[-1]
+    assert event_to_json(ends[0])["data"] == {
+        "turn": 0,
+        "reason": {"kind": "aborted", "reason": {"kind": "disposed"}},
+    }
 
 
 async def test_harness_acp_speaks_json_rpc_on_stdio_and_stops_at_eof(tmp_path: Path) -> None:
