@@ -102,7 +102,7 @@ async def sessions_list(params: SessionsListParams, call: Call) -> dict[str, Any
 async def sessions_watch(params: SessionsWatchParams, call: Call) -> dict[str, Any]:
     """Notify `_harness/sessions/changed` when sessions are added, change status or are removed.
 
-    The changes of the sessions the token covers are paced and
+    The changes of the sessions the token and `filter` cover are paced and
     coalesced per watch (`supervision.gateway.status.WatchCursor`): a live
     session's change carries its `SessionSummary`, a removed one
     `{sessionId, agent}`. Status changes (a durable `turn/start`: "running",
@@ -115,6 +115,7 @@ async def sessions_watch(params: SessionsWatchParams, call: Call) -> dict[str, A
         subscription=connection.new_subscription_id(),
         directory=gateway.directory,
         principal=call.principal,
+        filter=params.filter,
     )
     connection.on_close(gateway.directory.on_change(cursor.record))
     connection.on_close(gateway.status_watch.open())

@@ -7,7 +7,9 @@ from typing import Any
 import trio
 import trio.testing
 
+from actors.agent import AgentOptions
 from actors.providers.simulator import SimulatorConfig
+from supervision.gateway import AgentProfile
 from supervision.gateway.auth import Principal
 from supervision.gateway.status import WatchCursor
 from tests.gateway.helpers import ALL, RpcClient, connect, running_gateway, stalled_client
@@ -207,3 +209,76 @@ async def test_a_watch_coalesces_each_sessions_unwritten_changes() -> None:
         assert cursor.pending == 0
         for (_, changes), (_, written) in zip(taken, cases, strict=True):
             assert [(c.change, c.status) for c in changes] == written
+
+
+def _changes_of(watcher: RpcClient) -> list[tuple[str, str, str | None]]:
+    """(sessionId, change, status) of every change the watcher got, in order."""
+    return [
+        (
+            n["params"]["session"]["sessionId"],
+            n["params"]["change"],
+            n["params"]["session"].get("status"),
+        )
+        for n in watcher.notifications
+        if n["method"] == "_harness/sessions/changed"
+    ]
+
+
+async def test_a_watch_filter_selects_sessions_by_agent_and_by_parent() -> None:
+    async with (
+        running_gateway() as gateway,
+        connect(gateway) as by_agent,
+        connect(gateway) as by_parent,
+    ):
+        with trio.fail_after(30):
+            directory = gateway.directory
+            directory.profiles["other"] = AgentProfile(options=AgentOptions(model="deepseek-chat"))
+            parent = await directory.create(profile="default", owner=None)
+            pid = parent.session.id
+            await by_agent.call("_harness/sessions/watch", {"filter": {"agent": "other"}})
+            await by_parent.call("_harness/sessions/watch", {"filter": {"parentSessionId": pid}})
+            other = await directory.create(profile="other", owner=None)
+            child = await directory.create(profile="default", owner=None, parent=pid)
+            agents = [parent, other, child]
+            for agent in agents:
+                agent.followup("hi")
+            for agent in agents:
+                await agent.when_idle()
+            for agent in agents:
+                await directory.close(agent.session.id)
+            await by_agent.wait_for(lambda n: n["params"].get("change") == "removed")
+            await by_parent.wait_for(lambda n: n["params"].get("change") == "removed")
+        for watcher, only in ((by_agent, other), (by_parent, child)):
+            changes = _changes_of(watcher)
+            assert {sid for sid, _, _ in changes} == {only.session.id}
+            assert changes[0][1] == "added" and changes[-1][1] == "removed"
+
+
+async def test_a_watch_filtered_by_status_sees_sessions_enter_and_leave_it() -> None:
+    # Turns that stream for a while: each one's start is written before its end is durable.
+    config = SimulatorConfig(reply_tokens=20, token_rate=100)
+    async with running_gateway(config=config) as gateway, connect(gateway) as watcher:
+        with trio.fail_after(30):
+            await watcher.call("_harness/sessions/watch", {"filter": {"status": "running"}})
+            agent = await gateway.directory.create(profile="default", owner=None)
+            sid = agent.session.id
+            for turn, text in enumerate(("one", "two")):
+                agent.followup(text)
+                await agent.when_idle()
+                await watcher.wait_until(
+                    lambda turn=turn: (
+                        [s for _, _, s in _changes_of(watcher)].count("idle") == turn + 1
+                    )
+                )
+            await gateway.directory.close(sid)
+            other = await gateway.directory.create(profile="default", owner=None)
+            other.followup("three")
+            await watcher.wait_until(lambda: _changes_of(watcher)[-1][0] == other.session.id)
+        # Not the idle "added", nor the removal of a session last written idle.
+        assert _changes_of(watcher) == [
+            (sid, "status", "running"),
+            (sid, "status", "idle"),
+            (sid, "status", "running"),
+            (sid, "status", "idle"),
+            (other.session.id, "status", "running"),
+        ]
