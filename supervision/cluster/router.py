@@ -65,6 +65,7 @@ from supervision.cluster.router_link import (
     NodeLink,
 )
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
+from supervision.gateway.auth import Principal
 from supervision.gateway.connection import CLOSE_INTERNAL, Connection
 from supervision.gateway.outbox import OutboxClosed
 from supervision.gateway.protocol import INTERNAL_ERROR, OVERLOADED, RpcError, dumps
@@ -343,6 +344,16 @@ class RoutedSubscription:
     """The log lane was full for one of its events: resumed once the lane has room."""
 
 
+def visible(principal: Principal, session_id: str) -> bool:
+    """True when the caller's session filter covers `session_id` (`own`: created through here)."""
+    sessions = principal.token.sessions
+    if sessions == "*":
+        return True
+    if sessions == "own":
+        return session_id in principal.created
+    return session_id in sessions
+
+
 @attrs.define(eq=False)
 class RouterClient:
     """One supervisor connection's side of the router (see the module docstring)."""
@@ -537,6 +548,12 @@ class RouterClient:
                         "params": {**params, "subscription": watch},
                     }
                 )
+        elif method == "_harness/supervision/event":
+            # Only to a client that may observe the session (its path ends in agent:SESSION).
+            principal = self.connection.principal
+            session_id = str(params.get("path", "")).rpartition("agent:")[2]
+            if principal.has("observe") and visible(principal, session_id):
+                self.connection.send_notification(message)
         else:
             self.connection.send_notification(message)
 

@@ -23,10 +23,15 @@ import attrs
 import trio
 
 from actors.session.session import new_session_id
-from supervision.cluster.router import RoutedSubscription, Router, RouterClient, rpc_result
+from supervision.cluster.router import (
+    RoutedSubscription,
+    Router,
+    RouterClient,
+    rpc_result,
+    visible,
+)
 from supervision.cluster.router_link import NodeDown
 from supervision.gateway import acp_methods as acp
-from supervision.gateway.auth import Principal
 from supervision.gateway.connection import DEFERRED, Call
 from supervision.gateway.methods import METHODS, Method, MethodTable
 from supervision.gateway.protocol import (
@@ -56,16 +61,6 @@ class Forwarded:
     raw: Mapping[str, Any]
     typed: Any
     router: Router
-
-
-def visible(principal: Principal, session_id: str) -> bool:
-    """True when the caller's session filter covers `session_id` (`own`: created through here)."""
-    sessions = principal.token.sessions
-    if sessions == "*":
-        return True
-    if sessions == "own":
-        return session_id in principal.created
-    return session_id in sessions
 
 
 def _client(f: Forwarded, call: Call) -> RouterClient:

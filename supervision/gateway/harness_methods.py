@@ -323,7 +323,8 @@ async def supervision_tree(params: Empty, call: Call) -> dict[str, Any]:
 
 
 async def supervision_restart(params: RestartParams, call: Call) -> dict[str, Any]:
-    """Restart the agent at `path` (`<runtime>/agent:<sessionId>`); subscribers get an event."""
+    """Restart the agent at `path` (`<runtime>/agent:<sessionId>`); every connection that may
+    observe the session gets a `_harness/supervision/event`."""
     gateway = call.gateway
     prefix = f"{gateway.runtime.name}/{AGENT_CHILD_PREFIX}"
     session_id = params.path[len(prefix) :] if params.path.startswith(prefix) else None
@@ -336,7 +337,8 @@ async def supervision_restart(params: RestartParams, call: Call) -> dict[str, An
         raise not_found(f"supervision path {params.path!r}")
     await directory.restart(session_id)
     incarnation = directory.incarnation(session_id)
-    gateway.broadcast(
+    gateway.notify_observers(
+        session_id,
         notification(
             "_harness/supervision/event",
             {
@@ -346,6 +348,6 @@ async def supervision_restart(params: RestartParams, call: Call) -> dict[str, An
                 "incarnation": incarnation,
                 "time": system_clock_ms(),
             },
-        )
+        ),
     )
     return {"path": params.path, "incarnation": incarnation}

@@ -332,10 +332,14 @@ class Gateway:
             "status": "running" if statistics.running else "stopped",
         }
 
-    def broadcast(self, message: Mapping[str, Any]) -> None:
-        """Send a notification to every connection (on its control lane)."""
+    def notify_observers(self, session_id: str, message: Mapping[str, Any]) -> None:
+        """Send a notification about `session_id` to every connection that may observe it (its
+        token has the `observe` scope and a session filter covering the session), on its
+        control lane; no other connection learns of it."""
         for connection in list(self.connections):
-            connection.send_notification(message)
+            principal = connection.principal
+            if principal.has("observe") and self.directory.visible(principal, session_id):
+                connection.send_notification(message)
 
     # -- connections -------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -174,14 +174,15 @@ async def start_gateway(
     *,
     view: MembershipView | None = None,
     retry_deadline: float | None = None,
+    tokens: Sequence[Token] = (),
 ) -> Any:
-    """A cluster gateway on 127.0.0.1 port 0 (token `GATEWAY_SECRET`)."""
+    """A cluster gateway on 127.0.0.1 port 0 (token `GATEWAY_SECRET`, then `tokens`)."""
     return await nursery.start(
         lambda task_status: serve_cluster_gateway(
             config,
             host="127.0.0.1",
             port=0,
-            tokens=[Token(secret=GATEWAY_SECRET, name="full-access")],
+            tokens=[Token(secret=GATEWAY_SECRET, name="full-access"), *tokens],
             view=view,
             retry_deadline=retry_deadline,
             task_status=task_status,
@@ -191,13 +192,18 @@ async def start_gateway(
 
 @asynccontextmanager
 async def running_cluster(
-    config: DeploymentConfig, node_ids: tuple[str, ...], nursery: trio.Nursery
+    config: DeploymentConfig,
+    node_ids: tuple[str, ...],
+    nursery: trio.Nursery,
+    *,
+    tokens: Sequence[Token] = (),
 ) -> AsyncIterator[tuple[dict[str, trio.CancelScope], Any]]:
-    """In-process nodes (each cancellable by its scope) and a cluster gateway, all on port 0."""
+    """In-process nodes (each cancellable by its scope) and a cluster gateway, all on port 0
+    (`tokens` besides the full-access `GATEWAY_SECRET`)."""
     scopes: dict[str, trio.CancelScope] = {}
     for node_id in node_ids:
         scopes[node_id] = await start_node(config, node_id, nursery)
-    gateway = await start_gateway(config, nursery)
+    gateway = await start_gateway(config, nursery, tokens=tokens)
     await wait_nodes(gateway, len(node_ids))
     yield scopes, gateway
 

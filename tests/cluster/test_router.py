@@ -13,6 +13,7 @@ from actors.session.events import TurnEnd, TurnStart
 from actors.session.postgres_store import PostgresStore
 from supervision.cluster import MembershipView, owner
 from supervision.cluster.wire import MOVED
+from supervision.gateway import Token
 from supervision.gateway.protocol import OVERLOADED
 from tests.cluster.helpers import (
     CLUSTER_SECRET,
@@ -388,4 +389,41 @@ async def test_a_send_retried_after_its_first_attempt_was_logged_is_logged_once(
             assert await direct.call("session/close", {"sessionId": sid}) == {}
         after = await client.call("_harness/log/read", {"sessionId": sid, "fromSeq": 0})
         assert after["events"] == read["events"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_supervision_event_reaches_only_clients_that_may_observe_its_session(
+    postgres_dsn: str,
+) -> None:
+    config = cluster_config(postgres_dsn)
+    elsewhere = Token(secret="elsewhere", scopes=["observe"], sessions=("nope",), name="else")
+    observer = Token(secret="observer", scopes=["observe"], name="observer")
+    async with trio.open_nursery() as nursery:
+        async with (
+            running_cluster(config, ("a", "b"), nursery, tokens=(elsewhere, observer)) as (
+                _,
+                gateway,
+            ),
+            connect(gateway) as admin,
+            connect(gateway, headers=[("Authorization", "Bearer elsewhere")]) as other,
+            connect(gateway, headers=[("Authorization", "Bearer observer")]) as watcher,
+        ):
+            sid = (await admin.call("session/new", {"cwd": "/", "mcpServers": []}))["sessionId"]
+            for client in (other, watcher):
+                await client.call("_harness/supervision/tree", {})  # a connection on every node
+            tree = (await admin.call("_harness/supervision/tree", {}))["tree"]
+            (path,) = [
+                agent["path"]
+                for node in tree["children"]
+                for agent in node["children"]
+                if agent["path"].endswith(sid)
+            ]
+            await admin.call("_harness/supervision/restart", {"path": path})
+            with trio.fail_after(10):
+                await watcher.wait_for(lambda n: n["method"] == "_harness/supervision/event")
+            # A round trip through the same node: an event for `other` would have come first.
+            await other.call("_harness/supervision/tree", {})
+            assert not [
+                n for n in other.notifications if n["method"] == "_harness/supervision/event"
+            ]
         nursery.cancel_scope.cancel()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
+
 import trio
 
 from supervision.gateway import Gateway, Token
@@ -127,3 +129,32 @@ def test_token_matching_compares_every_token() -> None:
     assert match_token("owner-secret", TOKENS) is OWNER
     assert match_token("owner-secre", TOKENS) is None
     assert match_token("", TOKENS) is None
+
+
+LISTED = Token(secret="listed-secret", scopes=["observe"], sessions=("s-listed",), name="listed")
+ELSEWHERE = Token(secret="elsewhere-secret", scopes=["observe"], sessions=("nope",), name="else")
+CONTROL_ONLY = Token(secret="control-secret", scopes=["control"], name="control-only")
+
+
+async def test_a_supervision_event_reaches_only_tokens_that_may_observe_its_session() -> None:
+    tokens = (*TOKENS, LISTED, ELSEWHERE, CONTROL_ONLY)
+    with trio.fail_after(30):
+        async with running_gateway(tokens=tokens) as gateway, AsyncExitStack() as stack:
+            await gateway.directory.create(profile="default", owner=None, session_id="s-listed")
+            clients = {
+                token.name: await stack.enter_async_context(
+                    connect(gateway, headers=[("Authorization", f"Bearer {token.secret}")])
+                )
+                for token in tokens
+            }
+            path = f"{gateway.runtime.name}/agent:s-listed"
+            await clients[ALL.name].call("_harness/supervision/restart", {"path": path})
+            # A round trip on every connection: an event queued for it came before its answer.
+            for client in clients.values():
+                await client.request("session/resume", {"sessionId": "missing"})
+    events = {
+        name: [n for n in client.notifications if n["method"] == "_harness/supervision/event"]
+        for name, client in clients.items()
+    }
+    assert {name for name, got in events.items() if got} == {ALL.name, OBSERVER.name, LISTED.name}
+    assert all(e["params"]["path"] == path for got in events.values() for e in got)
