@@ -13,7 +13,7 @@ from typing import Any, Literal
 from actors.agent import Agent, StepInspection
 from actors.messages import Message
 from actors.prompt import PromptError
-from actors.session import Event, SessionError, event_to_json, rebuild_request
+from actors.session import EVENT_TYPES, Event, SessionError, event_to_json, rebuild_request
 from actors.session.events import RequestHeaderLogged
 from actors.session.session import system_clock_ms
 from supervision.gateway.acp_methods import require_session, user_message
@@ -28,8 +28,8 @@ from supervision.gateway.messages import (
     RebuildParams,
     RestartParams,
     SendParams,
-    SessionRef,
     SessionsListParams,
+    SessionStateParams,
     SessionsWatchParams,
     SubscriptionRef,
 )
@@ -123,8 +123,26 @@ async def sessions_watch(params: SessionsWatchParams, call: Call) -> dict[str, A
     return {"subscription": cursor.subscription}
 
 
+def _check_types(types: list[str] | None) -> frozenset[str] | None:
+    """The event types a subscription keeps; -32602 naming the unknown ones and the known."""
+    if types is None:
+        return None
+    unknown = [(index, name) for index, name in enumerate(types) if name not in EVENT_TYPES]
+    if unknown:
+        names = ", ".join(repr(name) for _, name in unknown)
+        raise invalid_params(
+            f"/types/{unknown[0][0]}",
+            "unknown_type",
+            f"unknown event type{'s' if len(unknown) > 1 else ''} {names}; "
+            f"known: {', '.join(EVENT_TYPES)}",
+            known=list(EVENT_TYPES),
+        )
+    return frozenset(types)
+
+
 async def log_subscribe(params: LogSubscribeParams, call: Call) -> dict[str, Any]:
     """A cursor from `fromSeq` (inclusive; omitted = live only) over the durable log."""
+    types = _check_types(params.types)
     await require_session(call, params.session_id)
     head = await call.gateway.head_seq(params.session_id)
     start = head + 1 if params.from_seq is None else params.from_seq
@@ -136,7 +154,7 @@ async def log_subscribe(params: LogSubscribeParams, call: Call) -> dict[str, Any
         session_id=params.session_id,
         next_seq=start,
         texts=call.gateway.event_texts,
-        types=None if params.types is None else frozenset(params.types),
+        types=types,
         batch=params.batch,
         merge=params.merge,
     )
@@ -176,7 +194,7 @@ async def log_read(params: LogReadParams, call: Call) -> dict[str, Any]:
     }
 
 
-async def session_state(params: SessionRef, call: Call) -> dict[str, Any]:
+async def session_state(params: SessionStateParams, call: Call) -> dict[str, Any]:
     """Status, open turn/step, inbox depths, and the supervisor path and incarnation."""
     await require_session(call, params.session_id)
     directory = call.gateway.directory

@@ -1,13 +1,17 @@
 """Typed params of every gateway method, structured by the wire converter (`protocol.py`).
 
 Field names are snake_case here and camelCase on the wire (`meta` is
-`_meta`). ACP params accept extra members (ACP is extensible); the
-`_harness/*` params are ours and as strict as their JSON Schema.
+`_meta`, which every params object accepts, as ACP's extensibility rules
+say). The `_harness/*` params are ours and as strict as their JSON Schema:
+an unknown member is refused (-32602 naming it). ACP params ignore members
+they do not know (`EXTENSIBLE`): ACP reserves every name at the root of its
+types for future protocol versions, and its SDKs ignore the ones they do
+not know, so a client of a later version stays understood.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import attrs
 
@@ -17,6 +21,8 @@ import attrs
 @attrs.frozen(kw_only=True)
 class InitializeParams:
     """`initialize`."""
+
+    EXTENSIBLE: ClassVar[bool] = True
 
     protocol_version: int
     client_capabilities: dict[str, Any] | None = None
@@ -28,6 +34,8 @@ class InitializeParams:
 class NewSessionParams:
     """`session/new`: `_meta.harness.agent` names the profile (default `default`)."""
 
+    EXTENSIBLE: ClassVar[bool] = True
+
     cwd: str
     mcp_servers: list[Any]
     meta: dict[str, Any] | None = None
@@ -37,6 +45,8 @@ class NewSessionParams:
 class PromptParams:
     """`session/prompt`."""
 
+    EXTENSIBLE: ClassVar[bool] = True
+
     session_id: str
     prompt: list[dict[str, Any]]
     meta: dict[str, Any] | None = None
@@ -44,7 +54,9 @@ class PromptParams:
 
 @attrs.frozen(kw_only=True)
 class SessionRef:
-    """Params naming one session (`session/cancel`, `session/close`, `_harness/session/state`)."""
+    """ACP params naming one session (`session/cancel`, `session/close`)."""
+
+    EXTENSIBLE: ClassVar[bool] = True
 
     session_id: str
     meta: dict[str, Any] | None = None
@@ -53,6 +65,8 @@ class SessionRef:
 @attrs.frozen(kw_only=True)
 class LoadSessionParams:
     """`session/load` and `session/resume`."""
+
+    EXTENSIBLE: ClassVar[bool] = True
 
     session_id: str
     cwd: str | None = None
@@ -63,6 +77,8 @@ class LoadSessionParams:
 @attrs.frozen(kw_only=True)
 class ListSessionsParams:
     """`session/list`."""
+
+    EXTENSIBLE: ClassVar[bool] = True
 
     cursor: str | None = None
     cwd: str | None = None
@@ -88,6 +104,7 @@ class SessionsListParams:
     filter: SessionFilter | None = None
     cursor: str | None = None
     limit: int | None = None
+    meta: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -95,6 +112,7 @@ class SessionsWatchParams:
     """`_harness/sessions/watch`."""
 
     filter: SessionFilter | None = None
+    meta: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -106,6 +124,7 @@ class LogSubscribeParams:
     types: list[str] | None = None
     batch: bool = False
     merge: bool = False
+    meta: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -113,6 +132,7 @@ class SubscriptionRef:
     """`_harness/log/unsubscribe`."""
 
     subscription: str
+    meta: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -122,6 +142,7 @@ class LogReadParams:
     session_id: str
     from_seq: int
     limit: int | None = None
+    meta: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -131,6 +152,7 @@ class SendParams:
     session_id: str
     content: list[dict[str, Any]]
     placement: Literal["next_turn", "next_step", "inject"]
+    meta: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -139,6 +161,15 @@ class HarnessCancelParams:
 
     session_id: str
     keep_inbox: bool = True
+    meta: dict[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SessionStateParams:
+    """`_harness/session/state`."""
+
+    session_id: str
+    meta: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -146,6 +177,7 @@ class InspectParams:
     """`_harness/prompt/inspect`."""
 
     session_id: str
+    meta: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -156,11 +188,14 @@ class RebuildParams:
     turn: int
     step: int
     attempt: int = -1
+    meta: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
 class Empty:
     """Methods without params (`_harness/stats`, `_harness/supervision/tree`)."""
+
+    meta: dict[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -168,3 +203,4 @@ class RestartParams:
     """`_harness/supervision/restart`."""
 
     path: str
+    meta: dict[str, Any] | None = None

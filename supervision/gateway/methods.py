@@ -30,6 +30,7 @@ from supervision.gateway.messages import (
     SendParams,
     SessionRef,
     SessionsListParams,
+    SessionStateParams,
     SessionsWatchParams,
     SubscriptionRef,
 )
@@ -96,7 +97,7 @@ METHODS: Mapping[str, Method] = {
     ),
     "_harness/log/read": Method(params=LogReadParams, handler=harness.log_read, scope="observe"),
     "_harness/session/state": Method(
-        params=SessionRef, handler=harness.session_state, scope="observe"
+        params=SessionStateParams, handler=harness.session_state, scope="observe"
     ),
     "_harness/session/send": Method(
         params=SendParams, handler=harness.session_send, scope="control"

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import attrs
 import cattrs
+from cattrs.errors import ForbiddenExtraKeysError
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 PARSE_ERROR = -32700
@@ -248,7 +249,7 @@ def camel(name: str) -> str:
 
 
 def _make_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(forbid_extra_keys=False, omit_if_default=False)
+    conv = cattrs.Converter(omit_if_default=False)
 
     def unstructure_factory(cls: type[Any]) -> Any:
         overrides: dict[str, Any] = {
@@ -261,7 +262,15 @@ def _make_converter() -> cattrs.Converter:
         overrides: dict[str, Any] = {
             a.name: override(rename=camel(a.alias or a.name)) for a in attrs.fields(cls)
         }
-        return make_dict_structure_fn(cls, conv, _cattrs_detailed_validation=True, **overrides)
+        # Strict unless the class says it is extensible (ACP params: see `messages`).
+        strict = not getattr(cls, "EXTENSIBLE", False)
+        return make_dict_structure_fn(
+            cls,
+            conv,
+            _cattrs_detailed_validation=True,
+            _cattrs_forbid_extra_keys=strict,
+            **overrides,
+        )
 
     conv.register_unstructure_hook_factory(attrs.has, unstructure_factory)
     conv.register_structure_hook_factory(attrs.has, structure_factory)
@@ -296,14 +305,19 @@ converter = _make_converter()
 
 
 def structure_params(method: str, params: Mapping[str, Any], cls: type[T]) -> T:
-    """`params` as `cls`, or a -32602 naming the method, the field (as a JSON Pointer) and why."""
+    """`params` as `cls`, or a -32602 naming the method, the field (as a JSON Pointer) and why.
+
+    `data.reason` is `unknown_member` for a member the params object does
+    not have (the pointer names it, the message lists the allowed ones),
+    else `invalid`.
+    """
     try:
         return converter.structure(dict(params), cls)
     except Exception as exc:  # cattrs raises a tree of validation errors
-        path, reason = _first_failure(exc)
+        path, code, reason = _first_failure(exc)
         path, reason = clip(path), clip(reason)
         raise invalid_params(
-            path, "invalid", f"invalid params of {method!r} at {path or '/'}: {reason}"
+            path, code, f"invalid params of {method!r} at {path or '/'}: {reason}"
         ) from None
 
 
@@ -312,7 +326,8 @@ def unstructure(value: Any) -> Any:
     return converter.unstructure(value)
 
 
-def _first_failure(exc: BaseException, path: str = "") -> tuple[str, str]:
+def _first_failure(exc: BaseException, path: str = "") -> tuple[str, str, str]:
+    """(JSON Pointer, `data.reason`, message) of the first failure in a cattrs error tree."""
     if isinstance(exc, BaseExceptionGroup):
         for sub in exc.exceptions:
             step = ""
@@ -324,7 +339,21 @@ def _first_failure(exc: BaseException, path: str = "") -> tuple[str, str]:
                 elif index is not None:
                     step = f"/{index}"
             return _first_failure(sub, path + step)
-        return path, str(exc)
+        return path, "invalid", str(exc)
+    if isinstance(exc, ForbiddenExtraKeysError):
+        unknown = sorted(exc.extra_fields)
+        allowed = ", ".join(camel(a.alias or a.name) for a in attrs.fields(exc.cl))
+        names = ", ".join(repr(key) for key in unknown)
+        return (
+            f"{path}/{_pointer_token(unknown[0])}",
+            "unknown_member",
+            f"unknown member{'s' if len(unknown) > 1 else ''} {names}; allowed: {allowed}",
+        )
     if isinstance(exc, KeyError):
-        return path, "required field is missing"
-    return path, str(exc) or type(exc).__name__
+        return path, "invalid", "required field is missing"
+    return path, "invalid", str(exc) or type(exc).__name__
+
+
+def _pointer_token(key: str) -> str:
+    """`key` as one JSON Pointer reference token (RFC 6901: `~` is `~0`, `/` is `~1`)."""
+    return key.replace("~", "~0").replace("/", "~1")

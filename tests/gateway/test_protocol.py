@@ -11,6 +11,7 @@ import trio
 import trio_websocket
 
 from actors.providers.simulator import SimulatorConfig
+from actors.session import EVENT_TYPES
 from supervision.gateway import methods as method_table
 from supervision.gateway.methods import METHODS, Method
 from tests.gateway.helpers import connect, running_gateway
@@ -171,3 +172,53 @@ async def test_initialize_advertises_the_method_table_and_limits() -> None:
         again = await client.request("initialize", {"protocolVersion": 1})
         assert again["error"]["code"] == -32600
         json.dumps(result)
+
+
+async def test_an_unknown_member_of_harness_params_is_refused_naming_it() -> None:
+    async with running_gateway() as gateway, connect(gateway) as client:
+        sid = await _new(client)
+        typo = await client.request("_harness/log/subscribe", {"sessionId": sid, "fromseq": 0})
+        error = typo["error"]
+        assert error["code"] == -32602
+        assert error["data"] == {"path": "/fromseq", "reason": "unknown_member"}
+        assert "'fromseq'" in error["message"] and "fromSeq" in error["message"]
+        nested = await client.request("_harness/sessions/list", {"filter": {"agnet": "x"}})
+        assert nested["error"]["data"] == {"path": "/filter/agnet", "reason": "unknown_member"}
+        for method, params in [
+            ("_harness/stats", {"verbose": True}),
+            ("_harness/session/state", {"sessionId": sid, "x": 1}),
+            ("_harness/log/read", {"sessionId": sid, "fromSeq": 0, "max": 5}),
+        ]:
+            answer = await client.request(method, params)
+            assert answer["error"]["data"]["reason"] == "unknown_member", method
+        assert client.ws.closed is None
+
+
+async def test_meta_is_allowed_everywhere_and_acp_params_ignore_members_they_do_not_know() -> None:
+    async with running_gateway() as gateway, connect(gateway) as client:
+        sid = await _new(client)
+        meta = {"traceparent": "00-80e1afed08e019fc1110464cfa66635c-7a085853722dc6d2-01"}
+        await client.call("_harness/stats", {"_meta": meta})
+        await client.call("_harness/session/state", {"sessionId": sid, "_meta": meta})
+        # ACP reserves every name at the root of its types for later versions: a newer
+        # client's members are ignored, as ACP's own SDKs ignore them.
+        await client.call("session/list", {"_meta": meta, "futureField": 1})
+        await client.call("session/resume", {"sessionId": sid, "cwd": "/", "additional": []})
+
+
+async def test_unknown_event_types_are_refused_naming_them_and_the_known_ones() -> None:
+    async with running_gateway() as gateway, connect(gateway) as client:
+        sid = await _new(client)
+        answer = await client.request(
+            "_harness/log/subscribe",
+            {"sessionId": sid, "types": ["turn/end", "no/such/type", "turn/ends"]},
+        )
+        error = answer["error"]
+        assert error["code"] == -32602
+        assert error["data"]["path"] == "/types/1" and error["data"]["reason"] == "unknown_type"
+        assert "'no/such/type', 'turn/ends'" in error["message"]
+        assert error["data"]["known"] == list(EVENT_TYPES)
+        assert "turn/start" in error["message"]
+        assert await client.call(
+            "_harness/log/subscribe", {"sessionId": sid, "types": ["turn/end"]}
+        )

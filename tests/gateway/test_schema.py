@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from acp import schema as acp_schema
 from jsonschema import Draft202012Validator
 
 from supervision.gateway.methods import METHODS
+from supervision.gateway.protocol import camel
 from tests.gateway.helpers import RpcClient, connect, running_gateway
 
 SCHEMA = json.loads(
@@ -161,3 +163,12 @@ async def test_error_answers_match_the_schema() -> None:
         _validator("Error").validate(answer["error"])
     assert [a["error"]["code"] for a in answers] == [-32002, -32602, -32601]
     assert answers[1]["error"]["data"]["path"] == "/sessionId"
+
+
+def test_every_harness_params_class_has_exactly_the_schemas_members() -> None:
+    for name, method in METHODS.items():
+        if name.startswith("_harness/"):
+            members = {camel(a.alias or a.name) for a in attrs.fields(method.params)}
+            schema = SCHEMA["$defs"]["methods"][name]["params"]
+            assert members == set(schema.get("properties", {})), name
+            assert schema["additionalProperties"] is False, name
