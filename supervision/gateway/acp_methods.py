@@ -9,11 +9,14 @@ offending field, session or method.
 from __future__ import annotations
 
 import datetime
+import functools
+from pathlib import PurePath
 from typing import Any
 
+from actors.agent import Agent, AgentClosedError, InboxFullError, TurnFailedError
 from actors.messages import Message, TextBlock, UserSource
 from actors.session import SessionError, UnknownSessionError
-from supervision.gateway.connection import DEFERRED, Call
+from supervision.gateway.connection import DEFERRED, Call, Connection
 from supervision.gateway.cursors import PromptCursor, ReplayCursor
 from supervision.gateway.messages import (
     InitializeParams,
@@ -23,7 +26,10 @@ from supervision.gateway.messages import (
     PromptParams,
     SessionRef,
 )
+from supervision.gateway.outbox import OutboxClosed
 from supervision.gateway.protocol import (
+    INTERNAL_ERROR,
+    OVERLOADED,
     SESSION_BUSY,
     RpcError,
     invalid_params,
@@ -136,8 +142,45 @@ async def prompt(params: PromptParams, call: Call) -> Any:
     )
     connection.prompts[params.session_id] = cursor
     connection.follow(cursor)
-    agent.followup(message)
+    connection.start_soon(functools.partial(_await_turn, agent, message, cursor))
     return DEFERRED
+
+
+async def _await_turn(
+    agent: Agent, message: Message, cursor: PromptCursor, connection: Connection
+) -> None:
+    """Queue the prompt on `agent` and wait for the turn that takes it (`Agent.run`).
+
+    The prompt's cursor finds its turn in the log by the prompt's message and
+    answers at its `turn/end`; this answers the prompts the log cannot show:
+    a turn whose first step never opened (`adopt`: refused → `refusal`, or
+    failed → -32603 with `turnEnd`), input dropped before any turn took it
+    (`cancelled`), an agent that closed first (-32603) or an inbox that is
+    full (-33003). Cancelled with the connection, the queued prompt still
+    gets its turn (it survives its client).
+    """
+    framing = connection.transport.framing
+    try:
+        try:
+            result = await agent.run(message)
+            turn: int | None = result.turn
+        except TurnFailedError as failed:
+            turn = failed.turn
+        frames = cursor.cancel_if_waiting(framing) if turn is None else cursor.adopt(turn, framing)
+        if frames:
+            await connection.outbox.put_log(frames)
+    except OutboxClosed:
+        return
+    except AgentClosedError as exc:
+        connection.end_prompt(
+            cursor.session_id,
+            RpcError(INTERNAL_ERROR, f"session {cursor.session_id!r}: {exc}", {"reason": "closed"}),
+        )
+    except InboxFullError as exc:
+        connection.end_prompt(
+            cursor.session_id,
+            RpcError(OVERLOADED, str(exc), {"reason": "overloaded", "retryAfterMs": 1000}),
+        )
 
 
 def _prompt_done(call: Call, session_id: str, request_id: Any) -> None:
@@ -191,8 +234,14 @@ async def resume(params: LoadSessionParams, call: Call) -> dict[str, Any]:
 
 
 async def list_sessions(params: ListSessionsParams, call: Call) -> dict[str, Any]:
-    """Pages of `SESSION_LIST_PAGE` visible sessions; each row's `_meta.harness` is its summary."""
+    """Pages of `SESSION_LIST_PAGE` visible sessions; each row's `_meta.harness` is its summary.
+
+    Every session works in the gateway's directory (`cwd` of each row), so
+    ACP's `cwd` filter naming another directory lists none.
+    """
     directory = call.gateway.directory
+    if params.cwd is not None and PurePath(params.cwd) != PurePath(call.gateway.cwd):
+        return {"sessions": []}
     ids = [sid for sid in await directory.session_ids() if directory.visible(call.principal, sid)]
     start = _cursor_position(params.cursor, "/cursor")
     page = ids[start : start + SESSION_LIST_PAGE]

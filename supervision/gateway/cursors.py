@@ -301,7 +301,8 @@ class PromptCursor:
 
     The turn is the first one starting at or after `next_seq` whose first
     user message (typed by a user) has the prompt's text and that no other
-    pending prompt has claimed (`claim(turn)` returns False when taken).
+    pending prompt has claimed (`claim(turn)` returns False when taken), or
+    the one the agent reports (`adopt`) when its message never reached the log.
     """
 
     request_id: JsonId
@@ -314,6 +315,8 @@ class PromptCursor:
     finished: bool = False
     cancelled: bool = False
     _candidate: int | None = None
+    _ends: dict[int, Event] = attrs.field(factory=dict)
+    """The `turn/end`s read while no turn was the prompt's (see `adopt`)."""
 
     def take(self, events: Sequence[Event], head: int, framing: Framing) -> list[bytes]:
         """`session/update`s of the prompt's turn; the reply at its `turn/end`."""
@@ -336,6 +339,7 @@ class PromptCursor:
                         self.turn = candidate
                 elif isinstance(data, TurnEnd):
                     self._candidate = None
+                    self._ends[data.turn] = event
                 continue
             if isinstance(data, TurnEnd) and data.turn == self.turn:
                 frames.append(framing.frame(self._reply(event, data)))
@@ -351,6 +355,20 @@ class PromptCursor:
                     )
                 )
         return frames
+
+    def adopt(self, turn: int, framing: Framing) -> list[bytes]:
+        """Make `turn` the prompt's turn, as the agent reports it (`Agent.run`), when the log
+        did not show it: its first step never opened (refused by a pre-step listener, or its
+        assembly failed), so the prompt's message was not logged. Returns the reply when that
+        turn's end was read already; else the reply comes at its `turn/end`. Nothing when the
+        cursor has a turn or finished, or another prompt claimed `turn`."""
+        if self.finished or self.turn is not None or not self.claim(turn):
+            return []
+        self.turn = turn
+        end = self._ends.get(turn)
+        if end is None or not isinstance(end.data, TurnEnd):
+            return []
+        return [framing.frame(self._reply(end, end.data))]
 
     def cancel_if_waiting(self, framing: Framing) -> list[bytes]:
         """When the prompt has no turn yet: finish it as `cancelled` and return the reply."""

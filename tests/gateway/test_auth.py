@@ -158,3 +158,84 @@ async def test_a_supervision_event_reaches_only_tokens_that_may_observe_its_sess
     }
     assert {name for name, got in events.items() if got} == {ALL.name, OBSERVER.name, LISTED.name}
     assert all(e["params"]["path"] == path for got in events.values() for e in got)
+
+
+OTHER_OWNER = Token(
+    secret="other-owner-secret", scopes=["observe", "control"], sessions="own", name="other"
+)
+OPERATOR = Token(secret="operator-secret", scopes=["observe", "control"], name="operator")
+
+
+def _bearer(token: Token) -> list[tuple[str, str]]:
+    return [("Authorization", f"Bearer {token.secret}")]
+
+
+async def test_own_covers_the_sessions_a_token_created_and_their_subagents() -> None:
+    async with running_gateway(tokens=(*TOKENS, OTHER_OWNER)) as gateway:
+        with trio.fail_after(30):
+            async with (
+                connect(gateway, headers=_bearer(OWNER)) as owner,
+                connect(gateway, headers=_bearer(OTHER_OWNER)) as other,
+            ):
+                mine = (await owner.call("session/new", {"cwd": "/", "mcpServers": []}))[
+                    "sessionId"
+                ]
+                child = await gateway.directory.create(profile="default", owner=None, parent=mine)
+                grandchild = await gateway.directory.create(
+                    profile="default", owner=None, parent=child.session.id
+                )
+                family = [mine, child.session.id, grandchild.session.id]
+                listed = await owner.call("_harness/sessions/list", {})
+                assert [s["sessionId"] for s in listed["sessions"]] == family
+                for sid in family:
+                    state = await owner.call("_harness/session/state", {"sessionId": sid})
+                    assert state["status"] == "idle"
+                    refused = await other.request("_harness/session/state", {"sessionId": sid})
+                    assert refused["error"]["code"] == -32002
+                assert (await other.call("_harness/sessions/list", {}))["sessions"] == []
+
+
+async def test_a_list_of_ids_sees_exactly_those_sessions() -> None:
+    async with running_gateway(tokens=(*TOKENS, LISTED)) as gateway:
+        with trio.fail_after(30):
+            await gateway.directory.create(profile="default", owner=None, session_id="s-listed")
+            hidden = (await gateway.directory.create(profile="default", owner=None)).session.id
+            async with connect(gateway, headers=_bearer(LISTED)) as client:
+                listed = await client.call("_harness/sessions/list", {})
+                assert [s["sessionId"] for s in listed["sessions"]] == ["s-listed"]
+                acp = await client.call("session/list", {})
+                assert [row["sessionId"] for row in acp["sessions"]] == ["s-listed"]
+                await client.call("_harness/log/read", {"sessionId": "s-listed", "fromSeq": 0})
+                refused = await client.request(
+                    "_harness/log/read", {"sessionId": hidden, "fromSeq": 0}
+                )
+                assert refused["error"]["code"] == -32002
+                tree = (await client.call("_harness/supervision/tree", {}))["tree"]
+                assert [c["path"].rpartition(":")[2] for c in tree["children"]] == ["s-listed"]
+
+
+async def test_restarting_an_agent_needs_admin_and_increments_its_incarnation() -> None:
+    async with running_gateway(tokens=(*TOKENS, OPERATOR)) as gateway:
+        with trio.fail_after(30):
+            async with (
+                connect(gateway, headers=_bearer(OPERATOR)) as operator,
+                connect(gateway) as admin,
+            ):
+                sid = (await operator.call("session/new", {"cwd": "/", "mcpServers": []}))[
+                    "sessionId"
+                ]
+                path = f"{gateway.runtime.name}/agent:{sid}"
+                refused = await operator.request("_harness/supervision/restart", {"path": path})
+                assert refused["error"]["code"] == -33001
+                assert refused["error"]["data"]["required"] == "admin"
+                state = await admin.call("_harness/session/state", {"sessionId": sid})
+                assert state["supervisor"] == {"path": path, "incarnation": 0}
+                for incarnation in (1, 2):
+                    restarted = await admin.call("_harness/supervision/restart", {"path": path})
+                    assert restarted == {"path": path, "incarnation": incarnation}
+                    state = await admin.call("_harness/session/state", {"sessionId": sid})
+                    assert state["supervisor"]["incarnation"] == incarnation
+                missing = await admin.request(
+                    "_harness/supervision/restart", {"path": f"{gateway.runtime.name}/agent:nope"}
+                )
+                assert missing["error"]["code"] == -32002
