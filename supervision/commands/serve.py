@@ -17,6 +17,7 @@ import errno
 import os
 import secrets
 import signal
+from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
 
@@ -54,14 +55,24 @@ def register(commands: Commands) -> None:
     serve.set_defaults(handler=serve_command)
 
 
+TOKEN_ENV = "HARNESS_TOKEN"
+"""The environment variable holding the gateway's token when `--token` is not given."""
+
+
+def given_token(flag: str | None, environ: Mapping[str, str]) -> str | None:
+    """The token `harness serve` was given: `--token`, else `HARNESS_TOKEN` (an empty value
+    counts as unset), else None."""
+    return flag or environ.get(TOKEN_ENV) or None
+
+
 def tokens_of(
     config: DeploymentConfig, environment: Environment, given: str | None
 ) -> tuple[list[Token], str | None]:
     """The gateway's tokens, and the generated one to print (None when none was generated).
 
-    `given` (from `--token` or `HARNESS_TOKEN`) has every scope on every
-    session; the config's `[[gateway.tokens]]` come next; with neither, a
-    random token is generated.
+    `given` (`given_token`: `--token`, else `HARNESS_TOKEN`) has every scope
+    on every session; the config's `[[gateway.tokens]]` come next; with
+    neither, a random token is generated.
     """
     tokens = [
         Token(secret=t.value, scopes=frozenset(t.scopes), sessions=t.sessions, name=f"config:{i}")
@@ -126,7 +137,7 @@ async def serve(args: argparse.Namespace, config: DeploymentConfig) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_deployment(config, store_path=args.store) as deployment:
             tokens, generated = tokens_of(
-                config, deployment.environment, args.token or os.environ.get("HARNESS_TOKEN")
+                config, deployment.environment, given_token(args.token, os.environ)
             )
             async with trio.open_nursery() as nursery:
                 try:
@@ -171,9 +182,7 @@ async def serve_cluster(
     from supervision.cluster.router_serve import serve_cluster_gateway
 
     environment = resolve_environment(config)
-    tokens, generated = tokens_of(
-        config, environment, args.token or os.environ.get("HARNESS_TOKEN")
-    )
+    tokens, generated = tokens_of(config, environment, given_token(args.token, os.environ))
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             try:

@@ -15,6 +15,9 @@ import trio
 
 from actors.session import SQLiteStore, event_to_json
 from actors.session.events import TurnEnd, TurnStart
+from supervision.commands.serve import given_token, tokens_of
+from supervision.config import default_config, parse_config, resolve_environment
+from supervision.gateway.auth import SCOPES
 from tests.gateway.helpers import open_client
 
 HARNESS = [sys.executable, "-m", "supervision.cli"]
@@ -203,3 +206,85 @@ async def test_harness_acp_speaks_json_rpc_on_stdio_and_stops_at_eof(tmp_path: P
     assert [a["id"] for a in answers] == [1, 2]
     assert answers[0]["result"]["protocolVersion"] == 1
     assert "sessionId" in answers[1]["result"]
+
+
+def test_the_token_comes_from_the_flag_then_the_environment() -> None:
+    assert given_token("flag", {"HARNESS_TOKEN": "env"}) == "flag"
+    assert given_token(None, {"HARNESS_TOKEN": "env"}) == "env"
+    assert given_token(None, {"HARNESS_TOKEN": ""}) is None
+    assert given_token(None, {}) is None
+
+
+def test_a_token_is_generated_only_without_a_given_one_and_without_config_tokens() -> None:
+    plain = default_config({})
+    tokens, generated = tokens_of(plain, resolve_environment(plain, {}), None)
+    assert generated is not None and [t.secret for t in tokens] == [generated]
+    assert tokens[0].scopes == frozenset(SCOPES) and tokens[0].sessions == "*"
+
+    tokens, generated = tokens_of(plain, resolve_environment(plain, {}), "given")
+    assert generated is None and [t.secret for t in tokens] == ["given"]
+    assert tokens[0].scopes == frozenset(SCOPES) and tokens[0].sessions == "*"
+
+    configured = parse_config(
+        {
+            "providers": {"default": {"kind": "simulator"}},
+            "agents": {"default": {}},
+            "gateway": {"tokens": [{"env": "DASHBOARD_TOKEN", "scopes": ["observe"]}]},
+        },
+        "<test>",
+    )
+    environment = resolve_environment(configured, {"DASHBOARD_TOKEN": "from-config"})
+    tokens, generated = tokens_of(configured, environment, None)
+    assert generated is None and [t.secret for t in tokens] == ["from-config"]
+    assert tokens[0].scopes == frozenset({"observe"})
+    tokens, generated = tokens_of(configured, environment, "given")
+    assert generated is None and [t.secret for t in tokens] == ["given", "from-config"]
+
+
+async def test_harness_serve_takes_its_token_from_the_flag_before_harness_token(
+    tmp_path: Path,
+) -> None:
+    command = [*HARNESS, "serve", "--port", "0", "--store", str(tmp_path / "s.sqlite")]
+    env = {**_env(), "HARNESS_TOKEN": "from-environment"}
+    async with trio.open_nursery() as nursery:
+        process = await nursery.start(
+            functools.partial(
+                trio.run_process,
+                [*command, "--token", "from-flag"],
+                stdout=subprocess.PIPE,
+                cwd=tmp_path,
+                env=env,
+                check=False,
+            )
+        )
+        with trio.fail_after(30):
+            printed = b""
+            while printed.count(b"\n") < 2:
+                chunk = await process.stdout.receive_some()
+                assert chunk, printed
+                printed += chunk
+            gateway_line = printed.decode().splitlines()[0]
+            host, port = gateway_line.removeprefix("gateway ws://").removesuffix("/acp").split(":")
+            async with open_client(
+                host, int(port), headers=[("Authorization", "Bearer from-flag")]
+            ) as client:
+                assert (await client.call("_harness/stats", {}))["epoch"]
+            async with httpx.AsyncClient() as http:
+                refused = await http.get(
+                    f"http://{host}:{port}/acp",
+                    headers={
+                        "Authorization": "Bearer from-environment",
+                        "Connection": "Upgrade",
+                        "Upgrade": "websocket",
+                        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                        "Sec-WebSocket-Version": "13",
+                    },
+                )
+                assert refused.status_code == 401
+            process.send_signal(signal.SIGTERM)
+            await process.wait()
+            while chunk := await process.stdout.receive_some():
+                printed += chunk
+    assert process.returncode == 0
+    # Nothing was generated, so no token line was printed.
+    assert [line.split()[0] for line in printed.decode().splitlines()] == ["gateway", "dashboard"]
