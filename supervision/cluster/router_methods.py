@@ -203,9 +203,8 @@ async def log_unsubscribe(f: Forwarded, call: Call) -> Any:
     client = _client(f, call)
     subscription = client.subscriptions.get(f.typed.subscription)
     if subscription is None:
-        raise invalid_params(
-            "/subscription", "unknown_subscription", f"no subscription {f.typed.subscription!r}"
-        )
+        # As the single-process gateway answers it: an id that names nothing is not found.
+        raise not_found(f"subscription {f.typed.subscription!r}")
     client.drop(subscription)
     link = f.router.links.get(subscription.node_id)
     if link is not None:

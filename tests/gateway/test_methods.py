@@ -426,6 +426,19 @@ async def test_harness_cancel_says_whether_a_turn_was_cancelled_and_may_drop_the
         assert "kept" in texts and "dropped" not in texts
 
 
+async def test_unsubscribing_twice_answers_not_found_the_second_time() -> None:
+    async with _gateway() as (_, client):
+        sid = await _new(client)
+        subscribed = await client.call("_harness/log/subscribe", {"sessionId": sid})
+        name = subscribed["subscription"]
+        assert await client.call("_harness/log/unsubscribe", {"subscription": name}) == {}
+        missing = await client.request("_harness/log/unsubscribe", {"subscription": name})
+        # As the cluster gateway answers it (tests/cluster/test_router.py).
+        assert missing["error"]["code"] == -32002
+        assert missing["error"]["data"] == {"reason": "not_found"}
+        assert name in missing["error"]["message"]
+
+
 # -- paging ---------------------------------------------------------------------------
 
 
