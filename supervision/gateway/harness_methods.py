@@ -258,13 +258,19 @@ async def session_cancel(params: HarnessCancelParams, call: Call) -> dict[str, A
 
 
 async def prompt_inspect(params: InspectParams, call: Call) -> dict[str, Any]:
-    """A dry run of the next step's assembly (nothing logged, no provider, no pre-step)."""
+    """A dry run of the next step's assembly (nothing logged, no provider, no pre-step).
+
+    Like every observe method it never starts an agent (a token with only
+    `observe` must not start stored sessions): a stopped session is refused
+    (-33005, `not_running`); `session/resume` starts it.
+    """
     await require_session(call, params.session_id)
     agent = call.gateway.directory.live_agent(params.session_id)
     if agent is None:
         raise RpcError(
             ASSEMBLY_FAILED,
-            f"session {params.session_id!r} is not running; session/resume it to inspect",
+            f"session {params.session_id!r} is not running, and an observe method starts no "
+            "agent: session/resume it (control scope) to inspect its next step",
             {"reason": "not_running"},
         )
     try:
