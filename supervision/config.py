@@ -93,13 +93,18 @@ class ProviderConfig:
     `kind = "simulator"` runs the bundled simulator in process on a loopback
     port (`token_rate` streamed tokens per second, 0 as fast as possible;
     `reply_tokens` the length of its filler replies). `max_in_flight` caps
-    concurrent requests to this provider.
+    concurrent requests to this provider; `pools` spreads them over that
+    many independent HTTP connection pools and `http2` speaks HTTP/2 only
+    (`actors.providers.http_client`: each keeps a pool's per-request scan
+    short with hundreds of requests in flight).
     """
 
     kind: ProviderKind
     base_url: str | None = None
     api_key_env: str | None = None
     max_in_flight: int = 16
+    pools: int = 1
+    http2: bool = False
     token_rate: float = 0.0
     reply_tokens: int = 24
 
@@ -529,6 +534,10 @@ def _check_references(config: DeploymentConfig) -> list[str]:
             )
         if provider.max_in_flight < 1:
             problems.append(f"providers.{name}.max_in_flight (in {where}) must be >= 1")
+        if provider.pools < 1:
+            problems.append(
+                f"providers.{name}.pools (in {where}) must be >= 1, got {provider.pools}"
+            )
         if provider.reply_tokens < 1 or provider.token_rate < 0:
             problems.append(
                 f"providers.{name} (in {where}): reply_tokens must be >= 1 and token_rate >= 0"

@@ -314,6 +314,8 @@ async def open_deployment(
                 name=name,
                 factory=_factory(base_url, api_key),
                 max_in_flight=provider.max_in_flight,
+                pools=provider.pools,
+                http2=provider.http2,
             )
         async with open_runtime(
             system_prompt=SystemPrompt(), store=store, providers=providers, name="harness"

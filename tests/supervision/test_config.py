@@ -12,6 +12,7 @@ import trio
 import supervision.deployment as deployment_module
 from actors.agent import Agent, Tool
 from actors.context import Compaction
+from actors.providers.actor import ProviderActor
 from actors.scope import Registration
 from supervision.config import (
     DEFAULT_TOOLS,
@@ -344,3 +345,26 @@ def test_store_path_and_url_together_are_refused(tmp_path: Path, path: str) -> N
     assert "[store] takes either path (SQLite) or url (PostgreSQL), not both" in error_of(
         tmp_path, text
     )
+
+
+async def test_a_providers_pools_and_http2_reach_its_provider_actor(tmp_path: Path) -> None:
+    config = load_config(
+        write(tmp_path, MINIMAL.replace('"simulator"', '"simulator"\npools = 8\nhttp2 = true'))
+    )
+    async with open_deployment(config, store_path="memory") as deployment:
+        provider = deployment.runtime.providers["local"]
+        assert isinstance(provider, ProviderActor)
+        assert (provider.pools, provider.http2) == (8, True)
+        agent = (await deployment.start_agent("default")).value
+        with trio.fail_after(30):
+            result = await agent.run("hello")  # over HTTP/2 to the in-process simulator
+        assert result.reason.kind == "completed"
+    default = default_config({}).providers["default"]
+    assert (default.pools, default.http2) == (1, False)
+
+
+def test_a_provider_with_fewer_than_one_pool_is_refused(tmp_path: Path) -> None:
+    message = error_of(tmp_path, MINIMAL.replace('"simulator"', '"simulator"\npools = 0'))
+    assert "providers.local.pools (in [providers.local]) must be >= 1, got 0" in message
+    message = error_of(tmp_path, MINIMAL.replace('"simulator"', '"simulator"\nhttp2 = "yes"'))
+    assert "http2" in message
