@@ -315,6 +315,8 @@ class PromptCursor:
     finished: bool = False
     cancelled: bool = False
     _candidate: int | None = None
+    _current: int | None = None
+    """The turn whose events are being read (between its `turn/start` and `turn/end`)."""
     _ends: dict[int, Event] = attrs.field(factory=dict)
     """The `turn/end`s read while no turn was the prompt's (see `adopt`)."""
 
@@ -326,6 +328,8 @@ class PromptCursor:
             if self.finished:
                 break
             data = event.data
+            if isinstance(data, TurnStart):
+                self._current = data.turn
             if self.turn is None:
                 if isinstance(data, TurnStart):
                     self._candidate = data.turn
@@ -338,12 +342,17 @@ class PromptCursor:
                     if _texts(data.content) == self.texts and self.claim(candidate):
                         self.turn = candidate
                 elif isinstance(data, TurnEnd):
-                    self._candidate = None
+                    self._candidate = self._current = None
                     self._ends[data.turn] = event
                 continue
-            if isinstance(data, TurnEnd) and data.turn == self.turn:
-                frames.append(framing.frame(self._reply(event, data)))
-                break
+            if isinstance(data, TurnEnd):
+                if data.turn == self.turn:
+                    frames.append(framing.frame(self._reply(event, data)))
+                    break
+                self._current = None
+                continue
+            if self._current != self.turn:
+                continue  # an earlier turn's events, read after `adopt` named a later one
             for update in live_updates(event):
                 frames.append(
                     framing.frame(
@@ -359,9 +368,11 @@ class PromptCursor:
     def adopt(self, turn: int, framing: Framing) -> list[bytes]:
         """Make `turn` the prompt's turn, as the agent reports it (`Agent.run`), when the log
         did not show it: its first step never opened (refused by a pre-step listener, or its
-        assembly failed), so the prompt's message was not logged. Returns the reply when that
-        turn's end was read already; else the reply comes at its `turn/end`. Nothing when the
-        cursor has a turn or finished, or another prompt claimed `turn`."""
+        assembly failed), so the prompt's message was not logged, or the cursor has not read
+        that far yet (then it streams that turn's updates, and only that turn's, as it reads
+        them). Returns the reply when that turn's end was read already; else the reply comes
+        at its `turn/end`. Nothing when the cursor has a turn or finished, or another prompt
+        claimed `turn`."""
         if self.finished or self.turn is not None or not self.claim(turn):
             return []
         self.turn = turn

@@ -12,13 +12,24 @@ import trio
 
 from actors.agent import Agent, AgentOptions, Tool
 from actors.agent.decisions import PreStepNext, Reject, StepDecision, StepProposal
-from actors.messages import TextBlock
+from actors.messages import TextBlock, UserSource
 from actors.prompt import AssembleContext, PromptAssembly, PromptError, PromptSection
 from actors.prompt.types import NextListener
+from actors.providers.chunks import TextDelta
 from actors.providers.simulator import SimulatorConfig
 from actors.session import Event, event_to_json, rebuild_request
-from actors.session.events import StepStart, TurnEnd, TurnStart, UserMessage
+from actors.session.events import (
+    AssistantChunk,
+    StepStart,
+    TurnEnd,
+    TurnEndReason,
+    TurnStart,
+    UserMessage,
+    type_of,
+)
 from supervision.gateway import AgentProfile, Gateway
+from supervision.gateway.cursors import PromptCursor
+from supervision.gateway.stdio import LINE_FRAMING
 from tests.gateway.helpers import LIST_FILES, RpcClient, connect, running_gateway
 
 
@@ -537,3 +548,38 @@ async def test_session_new_starts_the_named_profile_and_refuses_an_unknown_one()
         error = answer["error"]
         assert error["code"] == -32602 and error["data"]["path"] == "/_meta/harness/agent"
         assert "'nope'" in error["message"] and "'default'" in error["message"]
+
+
+def test_a_turn_adopted_before_the_cursor_read_it_streams_only_that_turns_updates() -> None:
+    """The agent may report the prompt's turn (`Agent.run`) before the prompt's cursor has read
+    the log that far: the turns before it (other prompts') stream nothing to this prompt."""
+    claimed: list[int] = []
+    cursor = PromptCursor(
+        request_id=7,
+        session_id="s",
+        next_seq=0,
+        texts=("mine",),
+        claim=lambda turn: claimed.append(turn) is None,
+        on_done=lambda: None,
+    )
+    data = [
+        TurnStart(turn=0),
+        StepStart(turn=0, step=0),
+        UserMessage(content=[TextBlock(text="another prompt")], source=UserSource()),
+        AssistantChunk(turn=0, step=0, chunk=TextDelta(text="not for you")),
+        TurnEnd(turn=0, reason=TurnEndReason.completed()),
+        TurnStart(turn=1),
+        StepStart(turn=1, step=0),
+        UserMessage(content=[TextBlock(text="mine")], source=UserSource()),
+        AssistantChunk(turn=1, step=0, chunk=TextDelta(text="yours")),
+        TurnEnd(turn=1, reason=TurnEndReason.completed()),
+    ]
+    events = [Event(type=type_of(d), seq=seq, time=0, data=d) for seq, d in enumerate(data)]
+    assert cursor.adopt(1, LINE_FRAMING) == [] and claimed == [1]
+    frames = [json.loads(f) for f in cursor.take(events, len(events) - 1, LINE_FRAMING)]
+    assert [f["params"]["update"]["content"]["text"] for f in frames[:-1]] == ["yours"]
+    assert frames[-1] == {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "result": {"stopReason": "end_turn", "_meta": {"harness": {"turn": 1}}},
+    }
