@@ -17,6 +17,7 @@ same order as with one append each.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
@@ -297,20 +298,7 @@ class AgentLoop:
         return assembly, decision
 
     async def _decide(self, proposal: StepProposal, default: list[Message]) -> StepDecision:
-        listeners = list(self.pre_step)
-
-        async def call(index: int) -> StepDecision:
-            if index == len(listeners):
-                return Enter(messages=default)
-            decision = await listeners[index](proposal, lambda: call(index + 1))
-            if not isinstance(decision, Enter | Reject):
-                raise TypeError(
-                    f"pre-step listener {listeners[index]!r} returned {decision!r}, "
-                    "not Enter or Reject"
-                )
-            return decision
-
-        return await call(0)
+        return await _decide_from(tuple(self.pre_step), 0, proposal, default)
 
     # -- step -------------------------------------------------------------
 
@@ -595,6 +583,34 @@ class AgentLoop:
                 )
                 for call, result in zip(calls, results, strict=True)
             )
+
+
+async def _decide_from(
+    listeners: tuple[PreStepListener, ...],
+    index: int,
+    proposal: StepProposal,
+    default: list[Message],
+) -> StepDecision:
+    """The decision of `listeners[index:]`; past the last one, `default` is entered.
+
+    Each listener's `next` is a partial of this function rather than a
+    closure that refers to itself, so a step leaves no reference cycle
+    behind for the garbage collector to find.
+
+    Raises:
+        TypeError: a listener returned something other than `Enter` or `Reject`.
+    """
+    if index == len(listeners):
+        return Enter(messages=default)
+    listener = listeners[index]
+    decision = await listener(
+        proposal, functools.partial(_decide_from, listeners, index + 1, proposal, default)
+    )
+    if not isinstance(decision, Enter | Reject):
+        raise TypeError(
+            f"pre-step listener {listener!r} returned {decision!r}, not Enter or Reject"
+        )
+    return decision
 
 
 def _interrupted_answer(turn: int, step: int, result: StreamAccumulator) -> AssistantMessage | None:
