@@ -15,7 +15,7 @@ alone (only cyclic garbage waits longer; reference counting still frees
 everything else at once, and a turn of the runtime's own leaves no cyclic
 garbage: `tests/agent/test_no_cycles.py`), takes those full collections out
 of a burst, and leaves about one young collection in a 1,000-session burst
-(10,000 left about forty, 0.1–0.2 ms of CPU per step).
+(10,000 left about forty, 0.1 to 0.2 ms of CPU per step).
 
 `applied_thresholds` sets thresholds for as long as a runtime is open
 (`open_runtime(gc_thresholds=...)`) and restores the process's own when the
