@@ -211,13 +211,19 @@ class MemoryStore:
     ) -> None:
         """Store `events` immediately (a memory store is "durable" at once).
 
+        A cancellation point but not a scheduling point: a caller cancelled
+        before it stores nothing (`trio.Cancelled`), and storing never
+        blocks, so it does not yield to other tasks (an agent's turn
+        appends seven times; each yield was a pass through the scheduler
+        and a resumption of the agent's whole call stack).
+
         Raises:
             SessionFencedError: `lease` is no longer the session's lease.
             SessionBusyError: no `lease` was given while another writer holds one.
             SessionError: a seq does not continue the log, or an event cannot
                 be written as JSON (then none of `events` is stored).
         """
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
         holder = self._holders.get(session_id)
         if lease is not None and holder is not lease and holder != lease:
             raise SessionFencedError(

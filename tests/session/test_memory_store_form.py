@@ -146,3 +146,30 @@ async def test_a_known_event_with_a_non_finite_number_is_refused(value: float) -
     with pytest.raises(SessionError, match=r"event seq 0 \(assistant/chunk\) cannot be stored"):
         await store.append("s", [broken])
     assert await store.load("s") == []
+
+
+async def test_an_append_does_not_yield_to_other_tasks() -> None:
+    store = MemoryStore()
+    await store.create("s")
+    ran: list[str] = []
+
+    async def other() -> None:
+        ran.append("other")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        await store.append("s", [Event(type="turn/start", seq=0, time=0, data=TurnStart(turn=0))])
+        assert ran == []  # storing never blocks: no scheduling point
+    assert ran == ["other"]
+
+
+async def test_a_cancelled_append_raises_and_stores_nothing() -> None:
+    store = MemoryStore()
+    await store.create("s")
+    event = Event(type="turn/start", seq=0, time=0, data=TurnStart(turn=0))
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await store.append("s", [event])
+    assert scope.cancelled_caught
+    assert await store.load("s") == []
+    assert store.durable_seq("s") == -1
