@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, Literal
 
@@ -42,6 +42,7 @@ from actors.agent.projection import RuntimeContextProjection
 from actors.agent.stream import StreamAccumulator
 from actors.agent.tool_call import ToolInvocation
 from actors.agent.tools import ToolRegistry
+from actors.jsonvalue import freeze_object
 from actors.messages import Message
 from actors.prompt import (
     AssembleContext,
@@ -392,7 +393,9 @@ class AgentLoop:
         built = self._built_header
         if built is not None and built.system == (system or None) and built.tools == tools:
             return built
-        header = canonical_header(RequestHeader(config=self._config, system=system, tools=tools))
+        header = canonical_header(
+            RequestHeader(config=_shared_config(self._config), system=system, tools=tools)
+        )
         self._built_header = header
         return header
 
@@ -583,6 +586,26 @@ class AgentLoop:
                 )
                 for call, result in zip(calls, results, strict=True)
             )
+
+
+def _shared_config(config: dict[str, Any]) -> Mapping[str, Any]:
+    """`config` frozen, one object for every agent whose config is equal.
+
+    Agents started with equal options then log headers that share their
+    config (and the codec's decoded copy of it), and none freezes it again.
+
+    Raises:
+        TypeError: `config` is not a JSON object of JSON-like values (names the path).
+    """
+    try:
+        return _frozen_config(tuple(config.items()))
+    except TypeError:  # an unhashable value: frozen on its own, or refused by name
+        return freeze_object(config, where="config")
+
+
+@functools.lru_cache(maxsize=64)
+def _frozen_config(items: tuple[tuple[str, Any], ...]) -> Mapping[str, Any]:
+    return freeze_object(dict(items), where="config")
 
 
 async def _decide_from(
