@@ -14,8 +14,9 @@ sessions. A young threshold of 100,000 leaves the steady state's memory
 alone (only cyclic garbage waits longer; reference counting still frees
 everything else at once, and a turn of the runtime's own leaves no cyclic
 garbage: `tests/agent/test_no_cycles.py`), takes those full collections out
-of a burst, and leaves about one young collection in a 1,000-session burst
-(10,000 left about forty, 0.1 to 0.2 ms of CPU per step).
+of a burst, and leaves one or two young collections in a 1,000-session burst
+(10,000 left about forty and three or four middle ones, 0.15 to 0.25 ms of CPU
+per step).
 
 `applied_thresholds` sets thresholds for as long as a runtime is open
 (`open_runtime(gc_thresholds=...)`) and restores the process's own when the
