@@ -107,10 +107,16 @@ class AwakeAgents:
     async def __aenter__(self) -> None:
         """Wait for a slot (with a `limit`), then count the agent awake.
 
+        A free slot (and nobody waiting before this agent) is taken without
+        a checkpoint: the loop task that enters has just started.
+
         Cancellation: cancellable while waiting; nothing is held then.
         """
         if self._limiter is not None:
-            await self._limiter.acquire()
+            try:
+                self._limiter.acquire_nowait()
+            except trio.WouldBlock:
+                await self._limiter.acquire()
         self._awake += 1
         self._wakes += 1
 

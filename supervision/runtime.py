@@ -376,7 +376,7 @@ async def open_runtime(
 
     While it is open the process's cyclic garbage collector runs at
     `gc_thresholds` (`gc.set_threshold`; by default a young threshold of
-    10,000 instead of CPython's 700, so a burst of many concurrent turns
+    100,000 instead of CPython's 700, so a burst of many concurrent turns
     does not keep re-walking its live heap); the process's own thresholds
     come back once the last runtime that set any closes. None leaves the
     collector alone (see `supervision.gc_policy`).

@@ -362,7 +362,7 @@ class Agent:
             await self._run_turns()
 
     async def _run_turns(self) -> None:
-        while self._wake_requested:
+        while self._wake_requested and not self._disposing:
             # A wake is input that arrived after any abort or failed turn: it un-parks.
             self._parked = False
             self._wake_requested = False
@@ -377,6 +377,9 @@ class Agent:
             finally:
                 self._running = False
                 self._refresh_idle()
+        if self._wake_requested:  # input filed while the agent closes: it starts no turn
+            self._wake_requested = False
+            self._refresh_idle()
 
     async def _hibernate(self) -> None:
         """Make the log durable and let the session release it until the next wake.
@@ -391,8 +394,13 @@ class Agent:
         self._release_log()
 
     async def _wake(self) -> None:
-        """Load a hibernating session's log back, then what the loop derives from it."""
-        await self.session.wake()
+        """Load a hibernating session's log back, then what the loop derives from it.
+
+        An awake session has nothing to load: no checkpoint then (the loop
+        task calls this first thing, and the turn checkpoints soon enough).
+        """
+        if self.session.hibernating:
+            await self.session.wake()
         self._loop.woke()
 
     def _release_log(self) -> None:

@@ -17,8 +17,9 @@ same order as with one append each.
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, Literal
 
@@ -41,6 +42,7 @@ from actors.agent.projection import RuntimeContextProjection
 from actors.agent.stream import StreamAccumulator
 from actors.agent.tool_call import ToolInvocation
 from actors.agent.tools import ToolRegistry
+from actors.jsonvalue import freeze_object
 from actors.messages import Message
 from actors.prompt import (
     AssembleContext,
@@ -297,20 +299,7 @@ class AgentLoop:
         return assembly, decision
 
     async def _decide(self, proposal: StepProposal, default: list[Message]) -> StepDecision:
-        listeners = list(self.pre_step)
-
-        async def call(index: int) -> StepDecision:
-            if index == len(listeners):
-                return Enter(messages=default)
-            decision = await listeners[index](proposal, lambda: call(index + 1))
-            if not isinstance(decision, Enter | Reject):
-                raise TypeError(
-                    f"pre-step listener {listeners[index]!r} returned {decision!r}, "
-                    "not Enter or Reject"
-                )
-            return decision
-
-        return await call(0)
+        return await _decide_from(tuple(self.pre_step), 0, proposal, default)
 
     # -- step -------------------------------------------------------------
 
@@ -404,7 +393,9 @@ class AgentLoop:
         built = self._built_header
         if built is not None and built.system == (system or None) and built.tools == tools:
             return built
-        header = canonical_header(RequestHeader(config=self._config, system=system, tools=tools))
+        header = canonical_header(
+            RequestHeader(config=_shared_config(self._config), system=system, tools=tools)
+        )
         self._built_header = header
         return header
 
@@ -595,6 +586,54 @@ class AgentLoop:
                 )
                 for call, result in zip(calls, results, strict=True)
             )
+
+
+def _shared_config(config: dict[str, Any]) -> Mapping[str, Any]:
+    """`config` frozen, one object for every agent whose config is equal.
+
+    Agents started with equal options then log headers that share their
+    config (and the codec's decoded copy of it), and none freezes it again.
+
+    Raises:
+        TypeError: `config` is not a JSON object of JSON-like values (names the path).
+    """
+    try:
+        return _frozen_config(tuple(config.items()))
+    except TypeError:  # an unhashable value: frozen on its own, or refused by name
+        return freeze_object(config, where="config")
+
+
+@functools.lru_cache(maxsize=64)
+def _frozen_config(items: tuple[tuple[str, Any], ...]) -> Mapping[str, Any]:
+    return freeze_object(dict(items), where="config")
+
+
+async def _decide_from(
+    listeners: tuple[PreStepListener, ...],
+    index: int,
+    proposal: StepProposal,
+    default: list[Message],
+) -> StepDecision:
+    """The decision of `listeners[index:]`; past the last one, `default` is entered.
+
+    Each listener's `next` is a partial of this function rather than a
+    closure that refers to itself, so a step leaves no reference cycle
+    behind for the garbage collector to find.
+
+    Raises:
+        TypeError: a listener returned something other than `Enter` or `Reject`.
+    """
+    if index == len(listeners):
+        return Enter(messages=default)
+    listener = listeners[index]
+    decision = await listener(
+        proposal, functools.partial(_decide_from, listeners, index + 1, proposal, default)
+    )
+    if not isinstance(decision, Enter | Reject):
+        raise TypeError(
+            f"pre-step listener {listener!r} returned {decision!r}, not Enter or Reject"
+        )
+    return decision
 
 
 def _interrupted_answer(turn: int, step: int, result: StreamAccumulator) -> AssistantMessage | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -11,8 +12,8 @@ import trio
 from actors.agent import Agent, Enter, StepProposal
 from actors.agent.decisions import PreStepNext, StepDecision
 from actors.context.errors import ContextPluginError
-from actors.context.retained import SNAPSHOT_FORM, entered_step, plugin_of
-from actors.messages import Message, PluginSource
+from actors.context.retained import SNAPSHOT_FORM, entered_step
+from actors.messages import Message, PluginSource, Source
 from actors.scope import Registration
 from actors.session import Session
 from actors.session.events import UserMessage
@@ -69,14 +70,21 @@ class TimeContext:
 
     def render(self, epoch_ms: int) -> str:
         """The snapshot text for the instant `epoch_ms`, to the second."""
-        instant = datetime.fromtimestamp(epoch_ms // 1000, tz=UTC)
         if self.timezone is None:
-            local = instant.astimezone()
-            zone = f"{local.tzname()}, the machine's timezone"
-        else:
-            local = instant.astimezone(ZoneInfo(self.timezone))
-            zone = self.timezone
-        return f"Current time: {local.isoformat()} ({local:%A}, {zone})."
+            local = datetime.fromtimestamp(epoch_ms // 1000, tz=UTC).astimezone()
+            return _text(local, f"{local.tzname()}, the machine's timezone")
+        return _zoned_text(self.timezone, epoch_ms // 1000)
+
+    def snapshot(self, epoch_ms: int) -> Message:
+        """The time snapshot message for the instant `epoch_ms` (see `render`).
+
+        With a configured timezone, every snapshot of one second is the same
+        (immutable) message object, rendered once for all the agents that
+        step in that second; the machine's timezone is read at each call.
+        """
+        if self.timezone is None:
+            return _snapshot_message(self.render(epoch_ms))
+        return _zoned_snapshot(self.timezone, epoch_ms // 1000)
 
     def install(self, agent: Agent) -> Registration:
         """Add the time to every step of `agent` that runs, as a pre-step listener.
@@ -94,6 +102,34 @@ class TimeContext:
             config=self, session=agent.session, clock=self.clock or agent.session.clock
         )
         return agent.on_pre_step(state.pre_step)
+
+
+_SOURCE = PluginSource(plugin=TIME_PLUGIN, form=SNAPSHOT_FORM)
+
+
+def _text(local: datetime, zone: str) -> str:
+    return f"Current time: {local.isoformat()} ({local:%A}, {zone})."
+
+
+def _is_time(source: Source) -> bool:
+    return isinstance(source, PluginSource) and source.plugin == TIME_PLUGIN
+
+
+def _snapshot_message(text: str) -> Message:
+    return Message.user(text, _SOURCE)
+
+
+@functools.lru_cache(maxsize=16)
+def _zoned_text(timezone: str, epoch_second: int) -> str:
+    """The text of one second in an IANA timezone (a few seconds and zones are kept)."""
+    local = datetime.fromtimestamp(epoch_second, tz=UTC).astimezone(ZoneInfo(timezone))
+    return _text(local, timezone)
+
+
+@functools.lru_cache(maxsize=16)
+def _zoned_snapshot(timezone: str, epoch_second: int) -> Message:
+    """The snapshot message of one second in an IANA timezone, shared (messages are immutable)."""
+    return _snapshot_message(_zoned_text(timezone, epoch_second))
 
 
 @attrs.define(eq=False)
@@ -120,10 +156,7 @@ class _TimeState:
             return decision
         self._offered_at = now
         self._offered_from = len(self.session)
-        message = Message.user(
-            self.config.render(self.clock()), PluginSource(plugin=TIME_PLUGIN, form=SNAPSHOT_FORM)
-        )
-        return Enter(messages=[*entered.messages, message])
+        return Enter(messages=[*entered.messages, self.config.snapshot(self.clock())])
 
     def _confirm_offer(self) -> None:
         """Count the last offered snapshot as delivered once the session holds it."""
@@ -131,7 +164,7 @@ class _TimeState:
             return
         for event in self.session.events_since(self._offered_from):
             data = event.data
-            if isinstance(data, UserMessage) and plugin_of(data.to_message()) == TIME_PLUGIN:
+            if isinstance(data, UserMessage) and _is_time(data.source):
                 self._delivered_at = self._offered_at
                 break
         self._offered_at = None

@@ -7,15 +7,23 @@ order with plain-string texts prebuilt, the complete sections, the chain's
 tool providers and scope-filtered listeners, and its protected names.
 `PlanCache` builds one per scope on demand and keeps it until the next
 registration or disposal. Internal to `actors.prompt`.
+
+A scope's plan is its parent's plan with the scope's own layer applied on
+top (the global layer's plan is the empty plan with the global layer
+applied), so an agent's scope, which typically registers only variables and
+a tool provider, costs a few tuple operations over its parent's cached plan
+instead of merging and sorting every layer of its chain again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from operator import attrgetter
+from types import MappingProxyType
 
 import attrs
 
-from actors.prompt.entries import ListenerEntry, ToolProviderEntry
+from actors.prompt.entries import Layer, ListenerEntry, ToolProviderEntry
 from actors.prompt.registrations import Registrations
 from actors.prompt.types import AssembledContext, AssembledSection, PromptContext, PromptSection
 from actors.scope import Scope
@@ -24,6 +32,10 @@ _BY_ORDER = attrgetter("order")
 # Plans are dropped on every change; the cap only bounds scopes that are
 # assembled repeatedly while nothing is registered or disposed.
 _PLAN_CACHE_LIMIT = 256
+_NO_SECTIONS: Mapping[str, PromptSection] = MappingProxyType({})
+_NO_CONTEXTS: Mapping[str, PromptContext] = MappingProxyType({})
+_EMPTY_LAYER = Layer()
+"""The layer of a scope that registered nothing (never changed)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -43,25 +55,52 @@ class Plan:
     listeners: tuple[ListenerEntry, ...]
     protected_sections: frozenset[str]
     protected_tools: frozenset[str]
+    # The effective maps in effective-map order (before sorting): what a
+    # child scope's plan applies its own layer to.
+    section_map: Mapping[str, PromptSection]
+    context_map: Mapping[str, PromptContext]
+
+
+_EMPTY_PLAN = Plan(
+    scopes=(),
+    suppressed=False,
+    sections=(),
+    prebuilt_sections=(),
+    complete=(),
+    contexts=(),
+    prebuilt_contexts=(),
+    tool_providers=(),
+    listeners=(),
+    protected_sections=frozenset(),
+    protected_tools=frozenset(),
+    section_map=_NO_SECTIONS,
+    context_map=_NO_CONTEXTS,
+)
 
 
 class PlanCache:
     """Plans by scope (None: the global layer only), valid until `clear()`.
 
     The owner clears it on every registration or disposal; at most
-    `_PLAN_CACHE_LIMIT` plans are kept in between.
+    `_PLAN_CACHE_LIMIT` plans are kept in between (the oldest goes first).
     """
 
     def __init__(self) -> None:
         self._plans: dict[Scope | None, Plan] = {}
 
     def get(self, registrations: Registrations, scope: Scope | None) -> Plan:
-        """The plan for `scope`'s chain, built from `registrations` if not cached."""
+        """The plan for `scope`'s chain, built from `registrations` if not cached.
+
+        A missing plan is built over its parent's (cached on the way).
+        """
         plan = self._plans.get(scope)
         if plan is None:
-            plan = build_plan(registrations, scope)
+            if scope is None:
+                plan = build_plan(registrations, None, _EMPTY_PLAN)
+            else:
+                plan = build_plan(registrations, scope, self.get(registrations, scope.parent))
             if len(self._plans) >= _PLAN_CACHE_LIMIT:
-                self._plans.clear()
+                del self._plans[next(iter(self._plans))]
             self._plans[scope] = plan
         return plan
 
@@ -70,55 +109,75 @@ class PlanCache:
         self._plans.clear()
 
 
-def build_plan(registrations: Registrations, scope: Scope | None) -> Plan:
-    """Derive the plan for `scope`'s chain (global layer only when None) from the registrations.
+def build_plan(registrations: Registrations, scope: Scope | None, parent: Plan) -> Plan:
+    """The plan for `scope`'s chain: `parent` (its parent scope's plan) with `scope`'s layer on top.
 
-    Layers apply global first, then farthest ancestor to nearest. Sorting is
-    stable, so equal orders keep the effective-map order.
+    `scope` None is the global layer, over the empty plan. Layers apply
+    global first, then farthest ancestor to nearest: `dict.update` keeps a
+    shadowed key's position and replaces its value, exactly the
+    effective-map order of DESIGN §4; sorting is stable, so equal orders
+    keep that order.
     """
-    scopes = () if scope is None else tuple(reversed(scope.chain()))
-    layers = [registrations.global_layer]
-    layers.extend(registrations.layers[s] for s in scopes if s in registrations.layers)
-    # dict.update keeps a shadowed key's position and replaces its value:
-    # exactly the effective-map order of DESIGN §4.
-    sections: dict[str, PromptSection] = {}
-    contexts: dict[str, PromptContext] = {}
-    for layer in layers:
-        sections.update(layer.sections)
-        contexts.update(layer.contexts)
-    ordered_sections = tuple(sorted(sections.values(), key=_BY_ORDER))
-    ordered_contexts = tuple(sorted(contexts.values(), key=_BY_ORDER))
-    members = set(scopes)
-    return Plan(
-        scopes=scopes,
-        suppressed=any(layer.suppressors for layer in layers),
-        sections=ordered_sections,
-        prebuilt_sections=tuple(
-            AssembledSection(name=s.name, text=s.text) if isinstance(s.text, str) else None
-            for s in ordered_sections
-        ),
-        complete=tuple(i for i, s in enumerate(ordered_sections) if s.complete),
-        contexts=ordered_contexts,
-        prebuilt_contexts=tuple(
-            AssembledContext(name=c.name, text=c.text) if isinstance(c.text, str) else None
-            for c in ordered_contexts
-        ),
-        tool_providers=tuple(p for layer in layers for p in layer.tool_providers),
-        listeners=tuple(
+    if scope is None:
+        layer = registrations.global_layer
+        scopes: tuple[Scope, ...] = ()
+    else:
+        layer = registrations.layers.get(scope) or _EMPTY_LAYER
+        scopes = (*parent.scopes, scope)
+    listeners = parent.listeners
+    if any(entry.scope is scope for entry in registrations.listeners):
+        members = set(scopes)
+        listeners = tuple(
             entry
             for entry in registrations.listeners
             if entry.scope is None or entry.scope in members
+        )
+    section_map, sections = parent.section_map, parent.sections
+    prebuilt_sections, complete = parent.prebuilt_sections, parent.complete
+    if layer.sections:
+        section_map = {**section_map, **layer.sections}
+        sections = tuple(sorted(section_map.values(), key=_BY_ORDER))
+        prebuilt_sections = tuple(
+            AssembledSection(name=s.name, text=s.text) if isinstance(s.text, str) else None
+            for s in sections
+        )
+        complete = tuple(i for i, s in enumerate(sections) if s.complete)
+    context_map, contexts, prebuilt_contexts = (
+        parent.context_map,
+        parent.contexts,
+        parent.prebuilt_contexts,
+    )
+    if layer.contexts:
+        context_map = {**context_map, **layer.contexts}
+        contexts = tuple(sorted(context_map.values(), key=_BY_ORDER))
+        prebuilt_contexts = tuple(
+            AssembledContext(name=c.name, text=c.text) if isinstance(c.text, str) else None
+            for c in contexts
+        )
+    protected_sections, protected_tools = parent.protected_sections, parent.protected_tools
+    if layer.protections:
+        protected_sections = protected_sections.union(
+            *(entry.protection.sections for entry in layer.protections)
+        )
+        protected_tools = protected_tools.union(
+            *(entry.protection.tools for entry in layer.protections)
+        )
+    return Plan(
+        scopes=scopes,
+        suppressed=parent.suppressed or layer.suppressors > 0,
+        sections=sections,
+        prebuilt_sections=prebuilt_sections,
+        complete=complete,
+        contexts=contexts,
+        prebuilt_contexts=prebuilt_contexts,
+        tool_providers=(
+            (*parent.tool_providers, *layer.tool_providers)
+            if layer.tool_providers
+            else parent.tool_providers
         ),
-        protected_sections=frozenset(
-            name
-            for layer in layers
-            for entry in layer.protections
-            for name in entry.protection.sections
-        ),
-        protected_tools=frozenset(
-            name
-            for layer in layers
-            for entry in layer.protections
-            for name in entry.protection.tools
-        ),
+        listeners=listeners,
+        protected_sections=protected_sections,
+        protected_tools=protected_tools,
+        section_map=section_map,
+        context_map=context_map,
     )

@@ -105,14 +105,35 @@ def render_prompt(assembly: PromptAssembly) -> str:
         PromptError: a reference is malformed, unknown or valueless; the
             message names the section and lists the registered variables.
     """
+    sections = assembly.sections
     variables = assembly.variables
-    texts = [
-        _interpolate(section.text, variables, "section", section.name)
-        for section in assembly.sections
+    texts = tuple(section.text for section in sections)
+    names = tuple(section.name for section in sections)
+    values = tuple(variables.items())
+    if all(value is None or type(value) is str for _, value in values):
+        # Every step of every session renders the same sections again: once per distinct input.
+        return _render_cached(texts, names, values)
+    return _render(texts, names, variables)
+
+
+def _render(
+    texts: tuple[str, ...], names: tuple[str, ...], variables: Mapping[str, str | None]
+) -> str:
+    rendered = [
+        _interpolate(text, variables, "section", name)
+        for text, name in zip(texts, names, strict=True)
     ]
     # Interned: every session of a deployment renders the same text, and each
     # keeps it in its logged header; one shared string instead of a copy each.
-    return sys.intern("\n\n".join(text for text in texts if text))
+    return sys.intern("\n\n".join(text for text in rendered if text))
+
+
+@functools.lru_cache(maxsize=256)
+def _render_cached(
+    texts: tuple[str, ...], names: tuple[str, ...], values: tuple[tuple[str, str | None], ...]
+) -> str:
+    """`_render` of hashable variables, memoized (failures are raised again, never cached)."""
+    return _render(texts, names, dict(values))
 
 
 def render_context_sections(assembly: PromptAssembly) -> list[AssembledContext]:

@@ -231,14 +231,17 @@ _DATA_STRUCTURE: dict[str, tuple[type, Callable[[Any, type], Any]]] = {}
 """Each event type's data class and structure hook (filled below, likewise)."""
 
 
-def _unstructure_event(event: Event) -> dict[str, Any]:
-    data = event.data
-    hook = _DATA_UNSTRUCTURE.get(type(data))
+def _unstructure_event(event: Event, data_json: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The event's JSON; `data_json` (when given) is its data's, already unstructured."""
+    if data_json is None:
+        data = event.data
+        hook = _DATA_UNSTRUCTURE.get(type(data))
+        data_json = converter.unstructure(data) if hook is None else hook(data)
     out: dict[str, Any] = {
         "type": event.type,
         "seq": event.seq,
         "time": event.time,
-        "data": converter.unstructure(data) if hook is None else hook(data),
+        "data": data_json,
     }
     if event.surface_op is not None:
         out["surface_op"] = event.surface_op
@@ -297,22 +300,46 @@ def event_to_json(event: Event) -> dict[str, Any]:
 
 
 def event_to_shared_json(event: Event) -> dict[str, Any]:
-    """`event_to_json`, except that a request header's `tools` list is shared.
+    """`event_to_json`, except that a request header's `tools` list and `config` are shared.
 
     Every header logging the same tool list (the same `ToolSchema` objects)
-    gets the same decoded list, so a store that keeps events as JSON (the
-    `MemoryStore`) holds one copy of a deployment's tool schemas instead of
-    one per session. The shared list must never be mutated: only stores
-    that treat their JSON as read-only may use this form.
+    gets the same decoded list, and every header logging the same config
+    object (agents with equal options share one) the same decoded config,
+    so a store that keeps events as JSON (the `MemoryStore`) holds one copy
+    of a deployment's tool schemas and config instead of one per session.
+    The shared values must never be mutated: only stores that treat their
+    JSON as read-only may use this form.
     """
     data = event.data
     if not isinstance(data, RequestHeaderLogged) or not data.header.tools:
         return event_to_json(event)
-    # Encoded without its tools (so they are not decoded again), then given the shared list.
-    bare = attrs.evolve(data, header=attrs.evolve(data.header, tools=()))
-    out = event_to_json(attrs.evolve(event, data=bare))
-    out["data"]["header"]["tools"] = _tools_entry(data.header.tools)[2]
-    return out
+    header = data.header
+    shared: dict[str, Any] = {"config": _shared_config_json(header.config)}
+    if header.system:
+        shared["system"] = header.system
+    shared["tools"] = _tools_entry(header.tools)[2]
+    return _unstructure_event(event, {"header": shared, "reason": data.reason})
+
+
+_CONFIGS_CACHE_SIZE = 64
+_configs_cache: OrderedDict[int, tuple[Mapping[str, Any], dict[str, Any]]] = OrderedDict()
+
+
+def _shared_config_json(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The decoded JSON of a header's config, one per config object (a few are kept).
+
+    Keyed by identity; the entry keeps the config alive, so an id in a key
+    is never reused while its entry exists.
+    """
+    hit = _configs_cache.get(id(config))
+    if hit is not None:
+        _configs_cache.move_to_end(id(config))
+        return hit[1]
+    decoded: dict[str, Any] = thaw_json(config)
+    _configs_cache[id(config)] = (config, decoded)
+    if len(_configs_cache) > _CONFIGS_CACHE_SIZE:
+        _configs_cache.popitem(last=False)
+    return decoded
 
 
 def event_from_json(obj: Any) -> Event:

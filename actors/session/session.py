@@ -295,7 +295,8 @@ class Session:
     ) -> list[Event]:
         """Number the events `build(first seq, now)` makes, hand them to the store, keep them."""
         # Uncontended appends take the lock without an extra scheduling point;
-        # the store's append is the checkpoint.
+        # the store's append is the cancellation point (and, where storing
+        # can block, the scheduling point).
         try:
             self._append_lock.acquire_nowait()
         except trio.WouldBlock:

@@ -11,21 +11,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import attrs
+import orjson
 import trio
 
 from actors.session.codec import event_from_json, event_to_json, event_to_shared_json
 from actors.session.durability import DurableChanges, DurableMarks
 from actors.session.errors import SessionError
-from actors.session.events import Event, RequestHeaderLogged
+from actors.session.events import Event, RequestHeaderLogged, UnknownData
 from actors.session.lease import (
     Lease,
     SessionBusyError,
     SessionFencedError,
     default_owner,
 )
+
+StoredEvent: TypeAlias = bytes | str | dict[str, Any]
+"""One event in a `MemoryStore`: JSON as UTF-8 bytes or ASCII text, or a header's shared JSON."""
 
 
 class SessionExistsError(SessionError):
@@ -135,16 +139,17 @@ class MemoryStore:
     """An in-process store: durable for the life of the object, no writer task needed.
 
     Events are kept in their durable JSON form: each as its compact JSON
-    text (one small object per event, not a tree of dicts, lists and
-    strings), except request headers, kept decoded with their tool schemas
-    shared between sessions (`event_to_shared_json`), so an idle session's
-    log costs about the bytes of its own events.
+    (one small object per event, not a tree of dicts, lists and strings:
+    UTF-8 bytes written by orjson, or ASCII text where only `json` writes it
+    exactly, see `_stored_form`), except request headers, kept decoded with
+    their tool schemas shared between sessions (`event_to_shared_json`), so
+    an idle session's log costs about the bytes of its own events.
 
     Leases never expire here: every holder lives in this process, and
     `open_agent` releases its lease however it exits.
     """
 
-    _logs: dict[str, list[str | dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    _logs: dict[str, list[StoredEvent]] = attrs.field(factory=dict, init=False)
     _holders: dict[str, Lease] = attrs.field(factory=dict, init=False)
     _epochs: dict[str, int] = attrs.field(factory=dict, init=False)
     _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
@@ -174,10 +179,7 @@ class MemoryStore:
     async def load(self, session_id: str) -> list[Event]:
         """The session's events, decoded from their stored JSON."""
         await trio.lowlevel.checkpoint()
-        return [
-            event_from_json(json.loads(item) if type(item) is str else item)
-            for item in self._log(session_id)
-        ]
+        return [event_from_json(_decoded(item)) for item in self._log(session_id)]
 
     async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
         """Take the lease of `session_id`; `SessionBusyError` while another holds it."""
@@ -209,13 +211,19 @@ class MemoryStore:
     ) -> None:
         """Store `events` immediately (a memory store is "durable" at once).
 
+        A cancellation point but not a scheduling point: a caller cancelled
+        before it stores nothing (`trio.Cancelled`), and storing never
+        blocks, so it does not yield to other tasks (an agent's turn
+        appends seven times; each yield was a pass through the scheduler
+        and a resumption of the agent's whole call stack).
+
         Raises:
             SessionFencedError: `lease` is no longer the session's lease.
             SessionBusyError: no `lease` was given while another writer holds one.
             SessionError: a seq does not continue the log, or an event cannot
                 be written as JSON (then none of `events` is stored).
         """
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
         holder = self._holders.get(session_id)
         if lease is not None and holder is not lease and holder != lease:
             raise SessionFencedError(
@@ -266,7 +274,7 @@ class MemoryStore:
         """A listener of every session's appends (each one is durable at once here)."""
         return self._marks.changes()
 
-    def _log(self, session_id: str) -> list[str | dict[str, Any]]:
+    def _log(self, session_id: str) -> list[StoredEvent]:
         try:
             return self._logs[session_id]
         except KeyError:
@@ -276,19 +284,54 @@ class MemoryStore:
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 """Compact JSON text (ASCII, so one byte a character), without a new encoder per call."""
 
+_ORJSON_OPTIONS = (
+    orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+)
+"""Values `json` refuses are refused by orjson too (no `default`), so `json` decides them."""
 
-def _stored_form(session_id: str, event: Event) -> str | dict[str, Any]:
-    """How a `MemoryStore` keeps `event`: its compact JSON text, or a header's shared JSON.
+
+def _stored_form(session_id: str, event: Event) -> StoredEvent:
+    """How a `MemoryStore` keeps `event`: its compact JSON, or a header's shared JSON.
+
+    orjson writes it (UTF-8 bytes, copied to an object of their size:
+    orjson's own output keeps a 4 KB buffer) where that gives exactly what
+    `json` accepts, which is nearly always; `json` writes it (ASCII text)
+    where orjson refuses a value (integers beyond 64 bits, lone surrogates,
+    non-string keys, subclasses of built-in types), where orjson could have
+    written a NaN or an infinity as `null` (any `null` in its output: `json`
+    refuses those), and for the raw data of an event type this version does
+    not know. So an event is refused exactly when `json` refuses it.
 
     Raises:
         SessionError: the event cannot be written as JSON; names the session and seq.
     """
-    if isinstance(event.data, RequestHeaderLogged):
+    data = event.data
+    if isinstance(data, RequestHeaderLogged):
         return event_to_shared_json(event)
+    obj = event_to_json(event)
+    if not isinstance(data, UnknownData):
+        try:
+            text = orjson.dumps(obj, option=_ORJSON_OPTIONS)
+        except orjson.JSONEncodeError:
+            pass
+        else:
+            if b"null" not in text:
+                return bytes(memoryview(text))
     try:
-        return _encode(event_to_json(event))
+        return _encode(obj)
     except (TypeError, ValueError) as exc:
         raise SessionError(
             f"session {session_id!r}: event seq {event.seq} ({event.type}) "
             f"cannot be stored as JSON: {exc}"
         ) from exc
+
+
+def _decoded(item: StoredEvent) -> Any:
+    """The JSON value of a stored event (`_stored_form`): each encoder's own text, decoded."""
+    if type(item) is bytes:
+        return orjson.loads(item)
+    if type(item) is str:
+        return json.loads(item)
+    return item

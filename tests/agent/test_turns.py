@@ -81,6 +81,28 @@ async def test_unchanged_prompt_logs_no_further_header() -> None:
     assert {r.system for r in provider.requests} == {provider.requests[0].system}
 
 
+async def test_agents_with_equal_options_log_one_shared_frozen_config() -> None:
+    configs = []
+    for extra in ({"thinking": {"type": "enabled"}}, {"thinking": {"type": "enabled"}}):
+        provider = ScriptedProvider([Reply.text("a")])
+        options = AgentOptions(model="m", temperature=0.5, extra=extra)
+        async with open_agent(
+            system_prompt=SystemPrompt(), provider=provider, options=options
+        ) as a:
+            a.followup("hi")
+            await a.when_idle()
+        configs.append(data_of(a.session, "request/header")[0].header.config)
+    assert configs[0] is configs[1]
+    assert configs[0] == {
+        "provider": "default",
+        "model": "m",
+        "temperature": 0.5,
+        "thinking": {"type": "enabled"},
+    }
+    with pytest.raises(TypeError, match="immutable"):
+        configs[0]["model"] = "other"  # type: ignore[index]
+
+
 async def test_changed_section_logs_a_change_header() -> None:
     prompt = SystemPrompt(persona="p")
     provider = ScriptedProvider([Reply.text("a"), Reply.text("b")])

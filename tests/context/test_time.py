@@ -10,7 +10,7 @@ import trio
 
 from actors.agent import open_agent
 from actors.context import ContextPluginError, TimeContext
-from actors.messages import PluginSource
+from actors.messages import PluginSource, TextBlock
 from actors.prompt import PromptContext, SystemPrompt
 from actors.providers import Reply, ScriptedProvider, ToolCall
 from tests.agent.helpers import turn_end_kinds
@@ -164,3 +164,24 @@ async def test_time_never_changes_the_system_text() -> None:
 def test_unknown_timezone_is_refused_naming_it() -> None:
     with pytest.raises(ContextPluginError, match="Mars/Olympus"):
         TimeContext(timezone="Mars/Olympus")
+
+
+async def test_snapshots_of_one_second_in_a_timezone_are_one_shared_message() -> None:
+    utc = TimeContext(timezone="UTC")
+    first = utc.snapshot(NOON_UTC_MS + 100)
+    assert TimeContext(timezone="UTC").snapshot(NOON_UTC_MS + 900) is first
+    assert first.content == (
+        TextBlock(text="Current time: 2023-11-14T22:13:20+00:00 (Tuesday, UTC)."),
+    )
+    assert first.source == PluginSource(plugin="time", form="snapshot")
+    later = utc.snapshot(NOON_UTC_MS + 1000)
+    assert later.content == (
+        TextBlock(text="Current time: 2023-11-14T22:13:21+00:00 (Tuesday, UTC)."),
+    )
+    assert (
+        utc.render(NOON_UTC_MS + 1000) == "Current time: 2023-11-14T22:13:21+00:00 (Tuesday, UTC)."
+    )
+    tokyo = TimeContext(timezone="Asia/Tokyo").snapshot(NOON_UTC_MS + 100)
+    assert tokyo.content == (
+        TextBlock(text="Current time: 2023-11-15T07:13:20+09:00 (Wednesday, Asia/Tokyo)."),
+    )

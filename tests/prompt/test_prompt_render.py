@@ -194,3 +194,25 @@ def test_open_braces_without_a_later_close_are_literal(prefix: str, suffix: str)
     text = prefix + "{{" + suffix
 
     assert render_one(text) == text
+
+
+def test_equal_assemblies_render_to_one_shared_string() -> None:
+    first = render_prompt(one_section("model: {{model}}.", {"model": "m1"}))
+    again = render_prompt(one_section("model: " + "{{model}}.", {"model": "m1"}))
+    assert first == "model: m1." and again is first
+    assert render_prompt(one_section("model: {{model}}.", {"model": "m2"})) == "model: m2."
+
+
+def test_a_failed_render_is_not_remembered() -> None:
+    with pytest.raises(PromptError, match="has no value"):
+        render_one("in {{cwd}}", {"cwd": None})
+    assert render_one("in {{cwd}}", {"cwd": "/w"}) == "in /w"
+    with pytest.raises(PromptError, match="has no value"):
+        render_one("in {{cwd}}", {"cwd": None})
+
+
+def test_a_variable_that_is_not_a_string_is_refused_by_name() -> None:
+    assembly = one_section("in {{cwd}}")
+    assembly.variables = {"cwd": ["/w"]}  # type: ignore[dict-item]
+    with pytest.raises(PromptError, match=r"\{\{cwd\}\} in section 'persona' is list, not str"):
+        render_prompt(assembly)

@@ -1,17 +1,29 @@
-"""How a `MemoryStore` keeps a log: compact JSON text per event, headers decoded and shared."""
+"""How a `MemoryStore` keeps a log: compact JSON per event, headers decoded and shared."""
 
 from __future__ import annotations
 
 import json
+import sys
+import tracemalloc
 
+import attrs
 import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.messages import UserSource
+from actors.providers.chunks import Usage, UsageChunk
 from actors.session import EVENT_TYPES, MemoryStore, SessionError
 from actors.session.codec import event_to_json
-from actors.session.events import Event, TurnStart, UnknownData
+from actors.session.events import (
+    AssistantChunk,
+    Event,
+    ToolResult,
+    TurnStart,
+    UnknownData,
+    UserMessage,
+)
 from tests.session.strategies import known_events
 
 
@@ -46,10 +58,60 @@ def test_every_event_type_loads_back_exactly(type_: str, data: st.DataObject) ->
     assert event_to_json(loaded) == event_to_json(event)
 
 
-async def test_an_event_is_kept_as_its_compact_json_text() -> None:
+async def test_an_event_is_kept_as_its_compact_json_in_utf8_bytes_of_their_own_size() -> None:
     store = MemoryStore()
     await store.create("s")
-    event = Event(type="turn/start", seq=0, time=7, data=TurnStart(turn=0))
+    event = Event(
+        type="user/message",
+        seq=0,
+        time=7,
+        data=UserMessage(content="caf\u00e9 \U0001f600", source=UserSource()),
+    )
+    await store.append("s", [event])
+    (kept,) = store._logs["s"]
+    assert (
+        kept == json.dumps(event_to_json(event), separators=(",", ":"), ensure_ascii=False).encode()
+    )
+    # Not orjson's own output object, which keeps a 4 KB buffer for every event.
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for seq in range(1, 101):
+            await store.append("s", [attrs.evolve(event, seq=seq)])
+        per_event = (tracemalloc.get_traced_memory()[0] - before) / 100
+    finally:
+        tracemalloc.stop()
+    assert per_event < sys.getsizeof(kept) + 64
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"big": 2**70},  # beyond orjson's 64-bit integers
+        {"lone": "\ud800"},  # a lone surrogate: not UTF-8
+        {"nothing": None},  # a null: orjson would also write NaN as one
+    ],
+)
+async def test_what_orjson_cannot_write_exactly_is_kept_as_json_text_and_loads_back(
+    raw: dict[str, object],
+) -> None:
+    store = MemoryStore()
+    await store.create("s")
+    event = Event(type="x/unknown", seq=0, time=0, data=UnknownData(raw=raw), ignorable=True)
+    await store.append("s", [event])
+    (kept,) = store._logs["s"]
+    assert kept == json.dumps(event_to_json(event), separators=(",", ":"))
+    assert event_to_json((await store.load("s"))[0]) == event_to_json(event)
+
+
+@pytest.mark.parametrize("content", [2**70, "lone \ud800", None])
+async def test_a_known_event_orjson_cannot_write_exactly_is_kept_as_json_text(
+    content: object,
+) -> None:
+    store = MemoryStore()
+    await store.create("s")
+    result = ToolResult(turn=0, step=0, call_id="c", content=content, is_error=False)  # type: ignore[arg-type]
+    event = Event(type="tool/result", seq=0, time=0, data=result)
     await store.append("s", [event])
     (kept,) = store._logs["s"]
     assert kept == json.dumps(event_to_json(event), separators=(",", ":"))
@@ -68,3 +130,46 @@ async def test_an_event_that_is_not_json_is_refused_and_nothing_of_its_append_is
     assert store.durable_seq("s") == -1
     await store.append("s", [fine])
     assert await store.load("s") == [fine]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+async def test_a_known_event_with_a_non_finite_number_is_refused(value: float) -> None:
+    store = MemoryStore()
+    await store.create("s")
+    usage = Usage(input_tokens=value)  # type: ignore[arg-type]
+    broken = Event(
+        type="assistant/chunk",
+        seq=0,
+        time=0,
+        data=AssistantChunk(turn=0, step=0, chunk=UsageChunk(usage=usage)),
+    )
+    with pytest.raises(SessionError, match=r"event seq 0 \(assistant/chunk\) cannot be stored"):
+        await store.append("s", [broken])
+    assert await store.load("s") == []
+
+
+async def test_an_append_does_not_yield_to_other_tasks() -> None:
+    store = MemoryStore()
+    await store.create("s")
+    ran: list[str] = []
+
+    async def other() -> None:
+        ran.append("other")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        await store.append("s", [Event(type="turn/start", seq=0, time=0, data=TurnStart(turn=0))])
+        assert ran == []  # storing never blocks: no scheduling point
+    assert ran == ["other"]
+
+
+async def test_a_cancelled_append_raises_and_stores_nothing() -> None:
+    store = MemoryStore()
+    await store.create("s")
+    event = Event(type="turn/start", seq=0, time=0, data=TurnStart(turn=0))
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await store.append("s", [event])
+    assert scope.cancelled_caught
+    assert await store.load("s") == []
+    assert store.durable_seq("s") == -1

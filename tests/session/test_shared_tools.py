@@ -6,12 +6,15 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
 
+from actors.jsonvalue import freeze_object
 from actors.prompt.types import ToolSchema
 from actors.session import MemoryStore, codec
 from actors.session.codec import event_to_json, event_to_shared_json
 from actors.session.events import Event, RequestHeaderLogged
 from actors.session.header import RequestHeader
+from tests.session.strategies import known_events
 
 TOOLS = tuple(
     ToolSchema(
@@ -97,3 +100,28 @@ def test_the_shared_form_is_the_public_form_key_for_key_and_decodes_nothing(
     shared = event_to_shared_json(_header_event())
     assert not [text for text in decoded if '"tool_0"' in text]  # the tool list is not decoded
     assert json.dumps(shared) == json.dumps(public)  # same keys, same order, same values
+
+
+@given(event=known_events("request/header"))
+def test_the_shared_form_of_any_header_event_is_its_public_form(event: Event) -> None:
+    assert json.dumps(event_to_shared_json(event)) == json.dumps(event_to_json(event))
+
+
+def test_headers_with_the_same_config_object_share_one_decoded_config() -> None:
+    config = freeze_object({"model": "m", "extra": {"a": [1, 2]}}, where="config")
+
+    def header(system: str) -> Event:
+        return Event(
+            type="request/header",
+            seq=0,
+            time=0,
+            data=RequestHeaderLogged(
+                header=RequestHeader(config=config, system=system, tools=TOOLS), reason="initial"
+            ),
+        )
+
+    first = event_to_shared_json(header("s1"))["data"]["header"]
+    second = event_to_shared_json(header("s2"))["data"]["header"]
+    assert first["config"] is second["config"]
+    assert first["config"] == {"model": "m", "extra": {"a": [1, 2]}}
+    assert event_to_json(header("s1"))["data"]["header"]["config"] is not first["config"]

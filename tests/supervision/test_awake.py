@@ -123,6 +123,21 @@ async def test_the_limit_bounds_how_many_are_awake(
     assert (stats.awake, stats.limit, stats.trims, stats.trim_supported) == (0, 2, 0, False)
 
 
+async def test_a_free_slot_is_taken_without_yielding_to_other_tasks() -> None:
+    awake = AwakeAgents(limit=1, trim=None)
+    ran: list[str] = []
+
+    async def other() -> None:
+        ran.append("other")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        async with awake:
+            assert ran == []  # no scheduling point: the loop task entering has just started
+            assert awake.statistics().awake == 1
+    assert ran == ["other"] and awake.statistics().awake == 0
+
+
 async def test_without_a_trim_serve_only_waits() -> None:
     awake = AwakeAgents(trim=None, trim_after=1, quiet=0.0)
     async with trio.open_nursery() as nursery:
