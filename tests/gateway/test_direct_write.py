@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import attrs
+import pytest
 import trio
 import trio.testing
 
@@ -103,6 +104,36 @@ async def test_a_direct_write_to_a_broken_socket_fails_at_the_next_write() -> No
             pass
         else:
             raise AssertionError("a write on a reset socket succeeded")
+
+
+async def test_a_write_cut_by_cancellation_breaks_the_stream_for_every_later_write(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A ping (trio-websocket's write, under the keep-alive's timeout) cut partway through:
+    # the peer has half a frame, so nothing may follow it, least of all a direct write.
+    async with _pair(4096) as (shared, peer):
+        with trio.move_on_after(1) as timeout:
+            await shared.send_all(b"p" * (1024 * 1024))  # nobody reads: it blocks, then is cut
+        assert timeout.cancelled_caught
+        assert not shared.writable_now
+        with pytest.raises(trio.BrokenResourceError):
+            await shared.send_frames(b"frame", lambda: False)
+        with pytest.raises(trio.BrokenResourceError):
+            await shared.send_all(b"close")
+        await peer.aclose()
+
+
+async def test_a_tail_cut_by_cancellation_breaks_the_stream(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with _pair(4096) as (shared, _peer):
+        assert not shared.write_now(b"t" * (1024 * 1024))
+        with trio.move_on_after(1) as timeout:
+            await shared.send_all(b"PONG")  # writes the tail first, and is cut in it
+        assert timeout.cancelled_caught
+        assert not shared.has_tail and not shared.writable_now
+        with pytest.raises(trio.BrokenResourceError):
+            await shared.send_frames(b"", lambda: False)
 
 
 async def test_a_closed_stream_takes_no_direct_write() -> None:
