@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,11 +12,14 @@ import attrs
 import pytest
 import trio
 import trio.testing
+import trio_websocket
 
+from actors.providers.simulator import SimulatorConfig
 from supervision.gateway.cursors import EventBatch
 from supervision.gateway.fanout import Fanout
 from supervision.gateway.outbox import Outbox
-from supervision.gateway.transport import WEBSOCKET_FRAMING, SharedStream
+from supervision.gateway.transport import WEBSOCKET_FRAMING, SharedStream, WebSocketTransport
+from tests.gateway.helpers import AUTH, RpcClient, running_gateway
 from tests.gateway.test_pump import _Log
 
 
@@ -230,3 +235,83 @@ async def test_round_end_callbacks_run_once_after_every_session_of_the_round(
         fanout.after_round(lambda: called.append(1))  # outside a round: at once
         assert called == [1]
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("mode", [{}, {"merge": True}])
+async def test_a_slow_pinging_reader_gets_every_event_once_in_order_through_socket_full_tails(
+    mode: dict[str, bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reader with a tiny window that reads slowly and pings all the time: direct writes
+    # leave tails, and the pongs trio-websocket writes (between the gateway's writes) take
+    # them; every frame must still arrive whole, every event once, in order.
+    partial: list[int] = []
+    write_now = SharedStream.write_now
+
+    def counting(self: SharedStream, data: bytes) -> bool:
+        done = write_now(self, data)
+        if not done:
+            partial.append(len(data))
+        return done
+
+    monkeypatch.setattr(SharedStream, "write_now", counting)
+    config = SimulatorConfig(reply_tokens=120)
+    async with running_gateway(config=config, write_deadline=30.0) as gateway:
+        with trio.fail_after(90):
+            agents = [
+                await gateway.directory.create(profile="default", owner=None) for _ in range(4)
+            ]
+            sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            await sock.connect((gateway.host, gateway.port))
+            stream = trio.SocketStream(sock)
+            async with trio.open_nursery() as nursery:
+                ws = await trio_websocket.wrap_client_stream(
+                    nursery,
+                    stream,
+                    gateway.host,
+                    "/acp",
+                    extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
+                    message_queue_size=1,
+                )
+                client = RpcClient(ws=ws)
+
+                async def read_slowly() -> None:
+                    with contextlib.suppress(trio_websocket.ConnectionClosed):
+                        while True:
+                            client.file(json.loads(await ws.get_message()))
+                            await trio.sleep(0.0005)
+
+                async def ping() -> None:
+                    with contextlib.suppress(trio_websocket.ConnectionClosed):
+                        while True:
+                            await ws.ping()
+                            await trio.sleep(0.002)
+
+                nursery.start_soon(read_slowly)
+                await client.call("initialize", {"protocolVersion": 1})
+                # The server's side of the socket takes little too (no autotuning).
+                (connection,) = gateway.connections
+                assert isinstance(connection.transport, WebSocketTransport)
+                server_socket = connection.transport.stream._socket
+                assert server_socket is not None
+                server_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                for agent in agents:
+                    params = {"sessionId": agent.session.id, "fromSeq": 0, **mode}
+                    await client.call("_harness/log/subscribe", params)
+                nursery.start_soon(ping)
+                for turn in range(3):
+                    for agent in agents:
+                        agent.followup(f"turn {turn}")
+                    for agent in agents:
+                        await agent.when_idle()
+                expected = {
+                    agent.session.id: [json.dumps(e) for e in agent.session.to_json()]
+                    for agent in agents
+                }
+                await client.wait_for_log_events(sum(map(len, expected.values())))
+                for sid, events in expected.items():
+                    assert [json.dumps(e) for e in client.log_events[sid]] == events
+                assert gateway.statistics().slow_consumer_closes == 0
+                nursery.cancel_scope.cancel()
+            await trio.aclose_forcefully(stream)
+    assert partial, "no direct write filled the socket: the test did not exercise a tail"
