@@ -237,3 +237,59 @@ async def test_rounds_that_took_long_space_the_next_rounds_out(
         fanout.round_work = (10.0, 10.0)
         assert fanout.next_linger(0.0) == fanout.linger_max
         nursery.cancel_scope.cancel()
+
+
+@attrs.define(eq=False)
+class _Timed(_Subscriber):
+    at: list[float] = attrs.field(factory=list)
+
+    def deliver(self, batch: EventBatch) -> bool:
+        self.at.append(trio.current_time())
+        return super().deliver(batch)
+
+
+async def test_a_step_still_streaming_when_the_linger_ends_goes_out_whole(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = _Log()
+    async with trio.open_nursery() as nursery:
+        fanout = await _running(log, nursery)
+        subscriber = _Timed()
+        fanout.attach("s", 0, subscriber)
+        start = trio.current_time()
+        for _ in range(9):  # a step streaming for 8.8 ms, past the 5 ms linger
+            log.commit("s")
+            await trio.sleep(0.0011)
+        await trio.sleep(1)
+        assert subscriber.batches == [list(range(9))]
+        # Out once the commits paused for `linger_quiet`, not later.
+        assert subscriber.at[0] - start == pytest.approx(0.011)
+        # A lone commit still goes out after the linger, nothing added.
+        committed = trio.current_time()
+        log.commit("s")
+        await trio.sleep(1)
+        assert subscriber.batches[-1] == [9]
+        assert subscriber.at[-1] - committed == pytest.approx(fanout.linger)
+        nursery.cancel_scope.cancel()
+
+
+async def test_commits_that_never_pause_go_out_at_least_every_streaming_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = _Log()
+    async with trio.open_nursery() as nursery:
+        fanout = await _running(log, nursery)
+        subscriber = _Timed()
+        fanout.attach("s", 0, subscriber)
+        committed: list[float] = []
+        for _ in range(100):
+            committed.append(trio.current_time())
+            log.commit("s")
+            await trio.sleep(0.00101)
+        await trio.sleep(1)
+        assert subscriber.seqs == list(range(100))
+        assert len(subscriber.batches) >= 4
+        for batch, at in zip(subscriber.batches, subscriber.at, strict=True):
+            # No event waited longer than the streaming wait (plus the quiet check after it).
+            assert at - committed[batch[0]] <= fanout.linger_streaming + fanout.linger_quiet
+        nursery.cancel_scope.cancel()
