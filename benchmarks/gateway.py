@@ -13,10 +13,11 @@ from the start. Phases:
    machine's load moves one pair rather than the whole figure; the burst
    figures are the pairs' medians (each pair's increase is printed too);
 2. paced pairs (`--paced-pairs` of them, default 3), each: `--paced-turns`
-   turns started at `--rate` turns/s over the fleet (an unsaturated
-   runtime) alone, then the same attached; CPU per step both ways (each
-   pair's increase, their median and range) and commit-to-delivery
-   latency.
+   turns started at `--rate` turns/s (an unsaturated runtime), one per
+   session, alone, then as many attached on the next sessions (each phase
+   on sessions of its own while the fleet lasts, so every phase's steps are
+   turns of the same age); CPU per step both ways (each pair's increase,
+   their median and range) and commit-to-delivery latency.
 
 "The agents' CPU per step" is the server process's CPU (user + kernel,
 `time.process_time()`) divided by the agent steps of the phase: the gateway
@@ -356,10 +357,11 @@ def _system_time() -> float:
     return os.times().system
 
 
-async def _paced(agents: list[Agent], turns: int, rate: float) -> int:
-    """Start `turns` turns at `rate` turns/s round the fleet; returns the steps they took."""
+async def _paced(agents: list[Agent], turns: int, rate: float, first: int = 0) -> int:
+    """Start `turns` turns at `rate` turns/s, one on each session from `first` on (round the
+    fleet); returns the steps they took."""
     before = sum(agent.statistics().loop.steps for agent in agents)
-    for index in range(turns):
+    for index in range(first, first + turns):
         agents[index % len(agents)].followup("paced turn")
         await trio.sleep(1.0 / rate)
     for agent in agents:
@@ -469,15 +471,17 @@ async def _paced_phase(
     clock: _RoundClock,
     counter: _Instructions,
     label: str,
+    first: int,
     drain: Callable[[], Awaitable[None]] | None = None,
 ) -> _Phase:
-    """A paced phase (`_paced`), then `drain()` (until the supervisors have every event),
-    measured as a whole; counted in instructions as `label` under callgrind."""
+    """A paced phase (`_paced`, from session `first` on), then `drain()` (until the
+    supervisors have every event), measured as a whole; counted in instructions as `label`
+    under callgrind."""
     _settle_gc()
     await counter.start()
     fanout, rounds, events = clock.total, gateway.fanout.rounds, gateway.fanout.events
     cpu, system, collected = time.process_time(), _system_time(), GC.total
-    steps = await _paced(agents, args.paced_turns, args.rate)
+    steps = await _paced(agents, args.paced_turns, args.rate, first)
     if drain is not None:
         await drain()
     phase = _Phase(
@@ -611,14 +615,21 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
             catch_ups = sum(c.statistics().catch_ups for c in gateway.connections)
             await command("detach")
 
-        # Paced pairs: alone, then attached, alternating like the burst's.
+        # Paced pairs: alone, then attached, alternating like the burst's. Each phase's turns
+        # go to sessions of their own (as far as the fleet goes), so every phase finds its
+        # sessions at the same age (a step costs more the longer the conversation), after a
+        # few unmeasured turns that warm what the paced turns' text touches first.
         paced: list[tuple[_Phase, _Phase]] = []
         paced_reports: list[dict[str, Any]] = []
         paced_commits: list[dict[str, Any]] = []
+        warm = min(args.paced_turns, 10) if args.paced_pairs else 0
+        await _paced(agents, warm, args.rate, len(agents) - warm)
+        first = 0
         for repeat in range(args.paced_pairs):
             alone_phase = await _paced_phase(
-                agents, args, gateway, clock, counter, f"alone-{repeat}"
+                agents, args, gateway, clock, counter, f"alone-{repeat}", first
             )
+            first += args.paced_turns
             await command("attach")
             await command("reset")
             store.commits.clear()
@@ -634,8 +645,9 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
             if profiler is not None:
                 profiler.enable()
             attached_phase = await _paced_phase(
-                agents, args, gateway, clock, counter, f"attached-{repeat}", drain
+                agents, args, gateway, clock, counter, f"attached-{repeat}", first, drain
             )
+            first += args.paced_turns
             if profiler is not None:
                 profiler.disable()
                 profiler.dump_stats(f"{args.profile}-paced.prof")
