@@ -582,16 +582,12 @@ class Connection:
         """
         self._flush_due = False
         outbox, direct = self.outbox, self.direct
-        if (
-            direct is not None
-            and outbox.has_frames
-            and not self.outbox_closed
-            and direct.can_send_now()
-        ):
+        if direct is not None and not self.outbox_closed and direct.can_send_now():
             frames = outbox.take()
-            self.frames_written += len(frames)
-            if not direct.send_now(b"".join(frames)):
-                outbox.kick()
+            if frames:
+                self.frames_written += len(frames)
+                if not direct.send_now(b"".join(frames)):
+                    outbox.kick()
             return
         outbox.wake()
 

@@ -166,6 +166,7 @@ class LogCursor:
     _prefix: bytes = attrs.field(init=False)
     _end: bytes = attrs.field(init=False)
     _around: int = attrs.field(init=False)
+    _caught_up_head: bytes = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         # The envelope around each event (or each batch's array), written once per subscription.
@@ -181,6 +182,11 @@ class LogCursor:
             head = '{"jsonrpc":"2.0","method":"_harness/log/event","params":'
             self._prefix, self._end = (head + ids + ',"event":').encode(), _EVENT_END
         self._around = len(self._prefix) + len(self._end)
+        # `encode(notification("_harness/log/caughtUp", {...}))` up to the seq, made once.
+        self._caught_up_head = (
+            '{"jsonrpc":"2.0","method":"_harness/log/caughtUp","params":{"subscription":'
+            f'{dumps(self.subscription)},"seq":'
+        ).encode()
 
     def whole(self, batch: EventBatch) -> bytes | None:
         """The batch's joined JSON when this cursor takes the batch whole, else None.
@@ -205,14 +211,7 @@ class LogCursor:
         if self.caught_up or self.next_seq <= head:
             return None
         self.caught_up = True
-        return framing.frame(
-            encode(
-                notification(
-                    "_harness/log/caughtUp",
-                    {"subscription": self.subscription, "seq": self.next_seq - 1},
-                )
-            )
-        )
+        return framing.frame(b"%b%d}}" % (self._caught_up_head, self.next_seq - 1))
 
     def take(self, events: Sequence[Event], head: int, framing: Framing) -> list[bytes]:
         """The frames of `events` (see the class docstring), then `caughtUp` once at the head."""

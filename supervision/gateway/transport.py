@@ -158,13 +158,14 @@ class SharedStream(trio.abc.Stream):
     def write_now(self, data: bytes) -> bool:
         """Write `data` without waiting, as far as the socket takes it; the rest is the tail.
 
-        Only while `writable_now`. Returns True when all of `data` was
-        written. A socket error writes nothing here: the data becomes the
-        tail, and the next write reports the error.
+        Only while `writable_now` (the caller has just checked it). Returns
+        True when all of `data` was written. A socket error writes nothing
+        here: the data becomes the tail, and the next write reports the error.
         """
-        assert self.writable_now and self._socket is not None
+        socket = self._socket
+        assert socket is not None and not self._tail  # a second tail would lose the first
         try:
-            written = os.write(self._socket.fileno(), data)
+            written = os.write(socket.fileno(), data)
         except OSError:  # a full buffer, or a broken connection the next write reports
             written = 0
         if written < len(data):

@@ -16,6 +16,7 @@ from actors.session import Event
 from supervision.gateway.cursors import EventBatch, EventTexts, LogCursor
 from supervision.gateway.encoding import encode_event
 from supervision.gateway.outbox import MERGED_END, MERGED_HEAD, MERGED_SEPARATOR, Outbox
+from supervision.gateway.protocol import encode, notification
 from supervision.gateway.transport import WEBSOCKET_FRAMING
 from tests.gateway.helpers import connect, running_gateway
 
@@ -380,3 +381,16 @@ async def test_merged_subscriptions_get_their_sessions_logs_in_shared_frames() -
             assert "_harness/log/event" not in kinds and "_harness/log/events" not in kinds
             merged = [n for n in client.notifications if n["method"] == "_harness/log/merged"]
             assert len(merged) < sum(map(len, expected.values()))
+
+
+@given(subscription=st.text(), seq=st.integers(0, 2**53))
+def test_the_caught_up_frame_is_the_generic_encoding_of_its_notification(
+    subscription: str, seq: int
+) -> None:
+    cursor = LogCursor(subscription=subscription, session_id="s", next_seq=seq, texts=EventTexts())
+    cursor.next_seq = seq + 1
+    frame = cursor.caught_up_frame(seq, WEBSOCKET_FRAMING)
+    assert frame is not None
+    expected = notification("_harness/log/caughtUp", {"subscription": subscription, "seq": seq})
+    assert frame == WEBSOCKET_FRAMING.frame(encode(expected))
+    assert cursor.caught_up_frame(seq, WEBSOCKET_FRAMING) is None  # once
