@@ -39,10 +39,10 @@ measures that the load does not move as much:
   paced phase is counted in instructions (`callgrind_control` zeroes and
   dumps the counters at the phase's ends), so alone and attached are
   compared without the load's noise; callgrind does not see the kernel
-  (socket writes), and everything runs ~50x slower, so use a lower
-  `--rate` and a longer `--linger-ms` (the fan-out's wait for more
-  commits, 5 ms natively) to keep a step's events in as few fan-out rounds
-  as natively (the table prints events per fan-out batch).
+  (socket writes), and everything runs ~50x slower, so divide `--rate` and
+  multiply the fan-out's waits (`--time-scale`) by about that much, to keep
+  a step's events in as few fan-out rounds as natively (the table prints
+  events per fan-out batch).
 
 Reported: server CPU per agent step alone and attached (and the increase),
 in the burst and paced phases, the gateway's CPU per delivered event (and
@@ -54,8 +54,8 @@ each event's append, the memory store's commit, returned; the supervisor
 when the frame carrying it arrived, before decoding it).
 
     .venv/bin/python benchmarks/gateway.py --sessions 1000 --supervisors 10
-    .venv/bin/python benchmarks/gateway.py --sessions 1000 --supervisors 10 --instructions \
-        --repeat 0 --paced-turns 30 --rate 0.5 --linger-ms 250
+    .venv/bin/python benchmarks/gateway.py --sessions 100 --supervisors 10 --instructions \
+        --repeat 0 --paced-turns 12 --paced-pairs 2 --rate 0.1 --time-scale 50
 
 Supervisors subscribe with `merge: true` (every session's new events of a
 fan-out round in one `_harness/log/merged` notification per connection);
@@ -546,9 +546,12 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
     ):
         clock = _RoundClock()
         gateway.fanout.work_clock = clock
-        if args.linger_ms is not None:
-            gateway.fanout.linger = args.linger_ms / 1000
-            gateway.fanout.linger_max = max(gateway.fanout.linger_max, gateway.fanout.linger)
+        if args.time_scale != 1:
+            # The fan-out's waits, stretched like everything else (under callgrind).
+            fanout = gateway.fanout
+            for name in ("linger", "linger_max", "linger_quiet", "linger_streaming"):
+                if hasattr(fanout, name):  # an older tree may not have them all
+                    setattr(fanout, name, getattr(fanout, name) * args.time_scale)
         agents = [
             await gateway.directory.create(profile="default", owner=None)
             for _ in range(args.sessions)
@@ -622,7 +625,7 @@ async def _server(args: argparse.Namespace) -> dict[str, Any]:
         paced: list[tuple[_Phase, _Phase]] = []
         paced_reports: list[dict[str, Any]] = []
         paced_commits: list[dict[str, Any]] = []
-        warm = min(args.paced_turns, 10) if args.paced_pairs else 0
+        warm = min(args.paced_turns, 3) if args.paced_pairs else 0
         await _paced(agents, warm, args.rate, len(agents) - warm)
         first = 0
         for repeat in range(args.paced_pairs):
@@ -916,11 +919,12 @@ def main() -> None:
         "batch: true (_harness/log/events); plain: one _harness/log/event per event",
     )
     parser.add_argument(
-        "--linger-ms",
+        "--time-scale",
         type=float,
-        default=None,
-        help="the fan-out's wait for more commits after the first (default: the gateway's, "
-        "5 ms); longer under --instructions, where everything runs ~50x slower",
+        default=1.0,
+        help="multiply the fan-out's waits (its linger and their limits) by this; under "
+        "--instructions, where everything runs ~50x slower, 50 keeps a step's events in as "
+        "few fan-out rounds as natively (divide --rate by the same)",
     )
     parser.add_argument(
         "--instructions",
