@@ -15,6 +15,7 @@ import trio.testing
 import trio_websocket
 
 from actors.providers.simulator import SimulatorConfig
+from supervision.gateway import Gateway
 from supervision.gateway.cursors import EventBatch
 from supervision.gateway.fanout import Fanout
 from supervision.gateway.outbox import Outbox
@@ -237,49 +238,87 @@ async def test_round_end_callbacks_run_once_after_every_session_of_the_round(
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.parametrize("mode", [{}, {"merge": True}])
-async def test_a_slow_pinging_reader_gets_every_event_once_in_order_through_socket_full_tails(
-    mode: dict[str, bool], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A reader with a tiny window that reads slowly and pings all the time: direct writes
-    # leave tails, and the pongs trio-websocket writes (between the gateway's writes) take
-    # them; every frame must still arrive whole, every event once, in order.
-    partial: list[int] = []
+@asynccontextmanager
+async def _slow_window_client(
+    gateway: Gateway, nursery: trio.Nursery
+) -> AsyncIterator[tuple[trio_websocket.WebSocketConnection, RpcClient]]:
+    """An initialized client that reads slowly, with a 4 KiB window on both sides of its
+    socket (no autotuning), so the gateway's direct writes fill it and leave tails."""
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((gateway.host, gateway.port))
+    stream = trio.SocketStream(sock)
+    try:
+        ws = await trio_websocket.wrap_client_stream(
+            nursery,
+            stream,
+            gateway.host,
+            "/acp",
+            extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
+            message_queue_size=1,
+        )
+        client = RpcClient(ws=ws)
+
+        async def read_slowly() -> None:
+            with contextlib.suppress(trio_websocket.ConnectionClosed):
+                while True:
+                    client.file(json.loads(await ws.get_message()))
+                    await trio.sleep(0.0005)
+            client.file({"jsonrpc": "2.0", "method": "closed"})  # wakes waiters
+
+        nursery.start_soon(read_slowly)
+        await client.call("initialize", {"protocolVersion": 1})
+        (connection,) = gateway.connections
+        assert isinstance(connection.transport, WebSocketTransport)
+        server_socket = connection.transport.stream._socket
+        assert server_socket is not None
+        server_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        yield ws, client
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+@attrs.define(eq=False)
+class _Partial:
+    """Direct writes the socket did not take whole (each left a tail)."""
+
+    sizes: list[int] = attrs.field(factory=list)
+    happened: trio.Event = attrs.field(factory=trio.Event)
+
+
+@pytest.fixture
+def partial_writes(monkeypatch: pytest.MonkeyPatch) -> _Partial:
+    partial = _Partial()
     write_now = SharedStream.write_now
 
     def counting(self: SharedStream, data: bytes) -> bool:
         done = write_now(self, data)
         if not done:
-            partial.append(len(data))
+            partial.sizes.append(len(data))
+            partial.happened.set()
         return done
 
     monkeypatch.setattr(SharedStream, "write_now", counting)
+    return partial
+
+
+@pytest.mark.parametrize("mode", [{}, {"merge": True}])
+async def test_a_slow_pinging_reader_gets_every_event_once_in_order_through_socket_full_tails(
+    mode: dict[str, bool], partial_writes: _Partial
+) -> None:
+    # A reader with a tiny window that reads slowly and pings all the time: direct writes
+    # leave tails, and the pongs trio-websocket writes (between the gateway's writes) take
+    # them; every frame must still arrive whole, every event once, in order.
     config = SimulatorConfig(reply_tokens=120)
     async with running_gateway(config=config, write_deadline=30.0) as gateway:
         with trio.fail_after(90):
             agents = [
                 await gateway.directory.create(profile="default", owner=None) for _ in range(4)
             ]
-            sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            await sock.connect((gateway.host, gateway.port))
-            stream = trio.SocketStream(sock)
-            async with trio.open_nursery() as nursery:
-                ws = await trio_websocket.wrap_client_stream(
-                    nursery,
-                    stream,
-                    gateway.host,
-                    "/acp",
-                    extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
-                    message_queue_size=1,
-                )
-                client = RpcClient(ws=ws)
-
-                async def read_slowly() -> None:
-                    with contextlib.suppress(trio_websocket.ConnectionClosed):
-                        while True:
-                            client.file(json.loads(await ws.get_message()))
-                            await trio.sleep(0.0005)
+            async with (
+                trio.open_nursery() as nursery,
+                _slow_window_client(gateway, nursery) as (ws, client),
+            ):
 
                 async def ping() -> None:
                     with contextlib.suppress(trio_websocket.ConnectionClosed):
@@ -287,14 +326,6 @@ async def test_a_slow_pinging_reader_gets_every_event_once_in_order_through_sock
                             await ws.ping()
                             await trio.sleep(0.002)
 
-                nursery.start_soon(read_slowly)
-                await client.call("initialize", {"protocolVersion": 1})
-                # The server's side of the socket takes little too (no autotuning).
-                (connection,) = gateway.connections
-                assert isinstance(connection.transport, WebSocketTransport)
-                server_socket = connection.transport.stream._socket
-                assert server_socket is not None
-                server_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
                 for agent in agents:
                     params = {"sessionId": agent.session.id, "fromSeq": 0, **mode}
                     await client.call("_harness/log/subscribe", params)
@@ -313,5 +344,39 @@ async def test_a_slow_pinging_reader_gets_every_event_once_in_order_through_sock
                     assert [json.dumps(e) for e in client.log_events[sid]] == events
                 assert gateway.statistics().slow_consumer_closes == 0
                 nursery.cancel_scope.cancel()
-            await trio.aclose_forcefully(stream)
-    assert partial, "no direct write filled the socket: the test did not exercise a tail"
+    assert partial_writes.sizes, "no direct write filled the socket: no tail was exercised"
+
+
+@pytest.mark.parametrize(("bad", "code"), [(b"binary", 1003), ("x" * (1024 * 1024 + 1), 1009)])
+async def test_a_close_for_a_bad_frame_follows_every_frame_already_written(
+    bad: str | bytes, code: int, partial_writes: _Partial
+) -> None:
+    # The close frame (1003 from the gateway, 1009 from trio-websocket) goes out behind the
+    # tail of a direct write, whole, and nothing follows it: the reader gets a gap-free prefix
+    # of each log, then the close with its code.
+    config = SimulatorConfig(reply_tokens=200)
+    async with running_gateway(config=config, write_deadline=30.0) as gateway:
+        with trio.fail_after(90):
+            agents = [
+                await gateway.directory.create(profile="default", owner=None) for _ in range(4)
+            ]
+            async with (
+                trio.open_nursery() as nursery,
+                _slow_window_client(gateway, nursery) as (ws, client),
+            ):
+                for agent in agents:
+                    params = {"sessionId": agent.session.id, "merge": True}
+                    await client.call("_harness/log/subscribe", params)
+                for agent in agents:
+                    agent.followup("a long reply")
+                await partial_writes.happened.wait()  # a tail is waiting
+                await ws.send_message(bad)
+                with contextlib.suppress(trio_websocket.ConnectionClosed):
+                    await client.wait_for(lambda n: n["method"] == "closed")
+                assert ws.closed is not None and ws.closed.code == code
+                for agent in agents:
+                    await agent.when_idle()
+                    got = [json.dumps(e) for e in client.log_events.get(agent.session.id, [])]
+                    log = [json.dumps(e) for e in agent.session.to_json()]
+                    assert got == log[: len(got)]
+                nursery.cancel_scope.cancel()
