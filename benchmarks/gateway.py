@@ -55,7 +55,7 @@ each event's append, the memory store's commit, returned; the supervisor
 when the frame carrying it arrived, before decoding it).
 
     .venv/bin/python benchmarks/gateway.py --sessions 1000 --supervisors 10
-    .venv/bin/python benchmarks/gateway.py --sessions 100 --supervisors 10 --instructions \
+    .venv/bin/python benchmarks/gateway.py --sessions 120 --supervisors 10 --instructions \
         --repeat 0 --paced-turns 16 --rate 0.5 --time-scale 50
 
 Supervisors subscribe with `merge: true` (every session's new events of a
