@@ -266,6 +266,16 @@ class MemoryStore:
         """A listener of every session's appends (each one is durable at once here)."""
         return self._marks.changes()
 
+    def durable_text(self, session_id: str, seq: int) -> str | None:
+        """The JSON text kept for event `seq` of `session_id`: compact and ASCII, exactly the
+        event of `session.to_json()`, made once at its append; None when the event is kept
+        decoded (a request header) or was not appended."""
+        log = self._logs.get(session_id)
+        if log is None or not 0 <= seq < len(log):
+            return None
+        item = log[seq]
+        return item if type(item) is str else None
+
     def _log(self, session_id: str) -> list[str | dict[str, Any]]:
         try:
             return self._logs[session_id]

@@ -15,7 +15,8 @@ batch to each of its subscribers synchronously: a live log subscription
 turns it into frames that share the batch's encoded bytes, a status
 watcher looks for turn starts and ends. So committed events cost one
 wakeup per commit batch of the whole runtime, whatever the number of
-sessions and subscribers, and one encoding each.
+sessions and subscribers, and one encoding each (none where the store
+keeps each event's JSON text already, `stored_text`).
 
 A session whose events are not in a live log (no running agent, a
 hibernating session, a log that has not recorded the store's commit yet)
@@ -49,6 +50,7 @@ import trio
 
 from actors.session import DurableChanges, Event, SessionError
 from supervision.gateway.cursors import EventBatch
+from supervision.gateway.encoding import encode_event
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,10 @@ head when the live log has them; None when they must be read from the store (`Re
 ReadDurable = Callable[[str, int, int], Awaitable[tuple[Sequence[Event], int]]]
 """`read(session_id, from_seq, limit)`: waits until `from_seq` is durable; events and head."""
 
+StoredText = Callable[[str, int], str | None]
+"""`stored_text(session_id, seq)`: the JSON text the store keeps for that durable event
+(exactly `encode_event`'s, as `str`), or None (then the event is encoded)."""
+
 
 class Subscriber(Protocol):
     """One consumer of a session's durable events."""
@@ -117,6 +123,9 @@ class Fanout:
     """Opens the store's durability listener (`SessionStore.durable_changes`)."""
     read_now: ReadNow
     read: ReadDurable
+    stored_text: StoredText | None = None
+    """The store's own JSON text of a durable event (`MemoryStore.durable_text`), used instead of
+    encoding it again; None: every event is encoded."""
     linger: float = FEED_LINGER_SECONDS
     linger_max: float = FEED_LINGER_MAX_SECONDS
     linger_quiet: float = FEED_LINGER_QUIET_SECONDS
@@ -304,7 +313,17 @@ class Fanout:
         feed.next_seq = events[-1].seq + 1
         self.rounds += 1
         self.events += len(events)
-        batch = EventBatch(events, head)
+        stored_text = self.stored_text
+        if stored_text is None:
+            batch = EventBatch(events, head)
+        else:
+            session_id = feed.session_id
+
+            def encode(event: Event) -> bytes:
+                text = stored_text(session_id, event.seq)
+                return encode_event(event) if text is None else text.encode()
+
+            batch = EventBatch(events, head, encode)
         feed.subscribers = [s for s in feed.subscribers if s.deliver(batch)]
         if not feed.subscribers:
             self._end(feed)
