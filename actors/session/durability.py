@@ -111,11 +111,15 @@ class DurableChanges:
     """
 
     marks: DurableMarks
+    notes: int = attrs.field(default=0, init=False)
+    """Reports so far (each `note`, repeats of a session included): a reader compares two
+    readings to learn whether anything was committed in between."""
     _changed: dict[str, None] = attrs.field(factory=dict, init=False)
     _wakeup: trio.Event | None = attrs.field(default=None, init=False)
 
     def note(self, session_id: str) -> None:
         """Report `session_id` as changed (the marks do this; a reader may too, to re-check it)."""
+        self.notes += 1
         self._changed[session_id] = None
         wakeup = self._wakeup
         if wakeup is not None:

@@ -274,6 +274,27 @@ class MemoryStore:
         """A listener of every session's appends (each one is durable at once here)."""
         return self._marks.changes()
 
+    def durable_json(self, session_id: str, seq: int) -> bytes | None:
+        """The compact, ASCII JSON of event `seq` of `session_id` as kept since its append,
+        byte for byte what `json` writes (`ensure_ascii`, no spaces) for that event of
+        `session.to_json()`; None when the kept form is not exactly that (a request header,
+        kept decoded; orjson's text of an event with characters `json` escapes) or the
+        event was not appended.
+
+        orjson and `json` write the same bytes for what events hold outside headers
+        (strings, integers, booleans, null: no floats) except the characters `json`
+        escapes and orjson does not: everything past `~`.
+        """
+        log = self._logs.get(session_id)
+        if log is None or not 0 <= seq < len(log):
+            return None
+        item = log[seq]
+        if type(item) is str:
+            return item.encode()
+        if type(item) is bytes and item.isascii() and b"\x7f" not in item:
+            return item
+        return None
+
     def _log(self, session_id: str) -> list[StoredEvent]:
         try:
             return self._logs[session_id]

@@ -160,8 +160,12 @@ class _LiveLog:
         if cursor.merge:
             joined = cursor.whole(batch)
             if joined is not None:
-                # Into the connection's open merged frame: no frame of its own.
+                # Into the connection's open merged frame: no frame of its own (a first batch's
+                # `caughtUp` right after that frame).
                 outbox.offer_merged(cursor.batch_prefix, joined, self.framing, wake=wake)
+                caught_up = cursor.caught_up_frame(batch.head, self.framing)
+                if caught_up is not None:
+                    outbox.after_merged(caught_up)
                 if not wake:
                     connection.flush_after_round()
                 return True
@@ -592,16 +596,12 @@ class Connection:
         """
         self._flush_due = False
         outbox, direct = self.outbox, self.direct
-        if (
-            direct is not None
-            and outbox.has_frames
-            and not self.outbox_closed
-            and direct.can_send_now()
-        ):
+        if direct is not None and not self.outbox_closed and direct.can_send_now():
             frames = outbox.take()
-            self.frames_written += len(frames)
-            if not direct.send_now(b"".join(frames)):
-                outbox.kick()
+            if frames:
+                self.frames_written += len(frames)
+                if not direct.send_now(b"".join(frames)):
+                    outbox.kick()
             return
         outbox.wake()
 

@@ -166,6 +166,7 @@ class LogCursor:
     _prefix: bytes = attrs.field(init=False)
     _end: bytes = attrs.field(init=False)
     _around: int = attrs.field(init=False)
+    _caught_up_head: bytes = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         # The envelope around each event (or each batch's array), written once per subscription.
@@ -181,22 +182,36 @@ class LogCursor:
             head = '{"jsonrpc":"2.0","method":"_harness/log/event","params":'
             self._prefix, self._end = (head + ids + ',"event":').encode(), _EVENT_END
         self._around = len(self._prefix) + len(self._end)
+        # `encode(notification("_harness/log/caughtUp", {...}))` up to the seq, made once.
+        self._caught_up_head = (
+            '{"jsonrpc":"2.0","method":"_harness/log/caughtUp","params":{"subscription":'
+            f'{dumps(self.subscription)},"seq":'
+        ).encode()
 
     def whole(self, batch: EventBatch) -> bytes | None:
         """The batch's joined JSON when this cursor takes the batch whole, else None.
 
-        Whole means: batched, every type, caught up, the batch starting at
-        `next_seq` and within `batch_max_bytes`; the cursor then advances
-        past it (the caller must send the returned bytes).
+        Whole means: batched, every type, the batch starting at `next_seq`
+        and within `batch_max_bytes`; the cursor then advances past it (the
+        caller must send the returned bytes, then `caught_up_frame`'s when
+        there is one).
         """
         events = batch.events
-        if self.batch and self.types is None and self.caught_up and events[0].seq == self.next_seq:
+        if self.batch and self.types is None and events[0].seq == self.next_seq:
             joined = batch.joined()
             if len(joined) <= self.batch_max_bytes:
                 self.next_seq = events[-1].seq + 1
                 self.delivered += len(events)
                 return joined
         return None
+
+    def caught_up_frame(self, head: int, framing: Framing) -> bytes | None:
+        """The `_harness/log/caughtUp` frame the first time the cursor is past `head` (the
+        durable seq when its last events were read), to send after those events; else None."""
+        if self.caught_up or self.next_seq <= head:
+            return None
+        self.caught_up = True
+        return framing.frame(b"%b%d}}" % (self._caught_up_head, self.next_seq - 1))
 
     def take(self, events: Sequence[Event], head: int, framing: Framing) -> list[bytes]:
         """The frames of `events` (see the class docstring), then `caughtUp` once at the head."""
@@ -219,27 +234,19 @@ class LogCursor:
         joined = self.whole(batch)
         if joined is not None:
             header = framing.header(self._around + len(joined))
-            return [b"".join((header, self._prefix, joined, self._end, framing.trailer))]
-        start = self.next_seq - events[0].seq
-        if start >= len(events):
-            return []
-        if self.batch:
-            frames = self._batched(batch, max(start, 0), framing)
+            frames = [b"".join((header, self._prefix, joined, self._end, framing.trailer))]
         else:
-            frames = self._single(batch, max(start, 0), framing)
-        self.next_seq = events[-1].seq + 1
-        if not self.caught_up and self.next_seq > batch.head:
-            self.caught_up = True
-            frames.append(
-                framing.frame(
-                    encode(
-                        notification(
-                            "_harness/log/caughtUp",
-                            {"subscription": self.subscription, "seq": self.next_seq - 1},
-                        )
-                    )
-                )
-            )
+            start = self.next_seq - events[0].seq
+            if start >= len(events):
+                return []
+            if self.batch:
+                frames = self._batched(batch, max(start, 0), framing)
+            else:
+                frames = self._single(batch, max(start, 0), framing)
+            self.next_seq = events[-1].seq + 1
+        caught_up = self.caught_up_frame(batch.head, framing)
+        if caught_up is not None:
+            frames.append(caught_up)
         return frames
 
     def _single(self, batch: EventBatch, start: int, framing: Framing) -> list[bytes]:

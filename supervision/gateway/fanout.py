@@ -3,9 +3,11 @@
 The store reports each commit to one listener (`SessionStore.durable_changes`):
 the sessions whose durable mark advanced. The pump waits for that (the
 agents never wait for it), lets the runtime commit for another `linger`
-(5 ms, so a streamed step goes out in one or two batches, not one per chunk;
+(5 ms, so a streamed step goes out in one batch, not one per chunk;
 longer when the last round took long to hand out, see `FEED_LINGER_PER_WORK`:
-a saturated runtime gets fewer, larger rounds),
+a saturated runtime gets fewer, larger rounds; and while commits keep coming
+in its last `FEED_LINGER_QUIET_SECONDS`, until they pause, see
+`FEED_LINGER_STREAMING_SECONDS`: a step still streaming goes out whole),
 takes every session reported since (in the order they first committed),
 and for each one that has a feed reads
 its new durable events from the live log, without waiting, and hands the
@@ -13,7 +15,8 @@ batch to each of its subscribers synchronously: a live log subscription
 turns it into frames that share the batch's encoded bytes, a status
 watcher looks for turn starts and ends. So committed events cost one
 wakeup per commit batch of the whole runtime, whatever the number of
-sessions and subscribers, and one encoding each.
+sessions and subscribers, and one encoding each (none where the store
+keeps each event's JSON already, `stored_json`).
 
 A session whose events are not in a live log (no running agent, a
 hibernating session, a log that has not recorded the store's commit yet)
@@ -47,6 +50,7 @@ import trio
 
 from actors.session import DurableChanges, Event, SessionError
 from supervision.gateway.cursors import EventBatch
+from supervision.gateway.encoding import encode_event
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,15 @@ FEED_LINGER_SECONDS = 0.005
 
 FEED_LINGER_MAX_SECONDS = 0.25
 """How long the woken pump waits at most (see `FEED_LINGER_PER_WORK`)."""
+
+FEED_LINGER_QUIET_SECONDS = 0.002
+"""The pump's wait ends only after this long without a commit (or at
+`FEED_LINGER_STREAMING_SECONDS`): a step whose events are still being committed when the
+linger ends goes out in this round, whole, rather than in two."""
+
+FEED_LINGER_STREAMING_SECONDS = 0.02
+"""How long the pump waits at most while commits keep coming (a runtime that never pauses,
+or a step streaming for longer, goes out at least this often)."""
 
 FEED_LINGER_PER_WORK = 20.0
 """Between two rounds at least this many times the CPU the last two rounds each took to hand out
@@ -72,6 +85,10 @@ head when the live log has them; None when they must be read from the store (`Re
 
 ReadDurable = Callable[[str, int, int], Awaitable[tuple[Sequence[Event], int]]]
 """`read(session_id, from_seq, limit)`: waits until `from_seq` is durable; events and head."""
+
+StoredJson = Callable[[str, int], bytes | None]
+"""`stored_json(session_id, seq)`: the JSON the store keeps for that durable event when it
+is exactly `encode_event`'s bytes, or None (then the event is encoded)."""
 
 
 class Subscriber(Protocol):
@@ -106,8 +123,13 @@ class Fanout:
     """Opens the store's durability listener (`SessionStore.durable_changes`)."""
     read_now: ReadNow
     read: ReadDurable
+    stored_json: StoredJson | None = None
+    """The store's own JSON of a durable event (`MemoryStore.durable_json`), used instead of
+    encoding it again; None: every event is encoded."""
     linger: float = FEED_LINGER_SECONDS
     linger_max: float = FEED_LINGER_MAX_SECONDS
+    linger_quiet: float = FEED_LINGER_QUIET_SECONDS
+    linger_streaming: float = FEED_LINGER_STREAMING_SECONDS
     work_clock: Callable[[], float] = time.process_time
     """Measures a round's hand-out (the process's CPU seconds: descheduling does not count)."""
     rounds: int = attrs.field(default=0, init=False)
@@ -144,7 +166,7 @@ class Fanout:
                     if self.linger:
                         # The first commit wakes the pump; what the runtime commits in the
                         # next moment (the rest of a streamed step) goes out with it.
-                        await trio.sleep(self.next_linger(trio.current_time() - ended))
+                        await self._linger(listener, self.next_linger(trio.current_time() - ended))
                     started = self.work_clock()
                     self._in_round = True
                     for session_id in listener.take():
@@ -165,6 +187,18 @@ class Fanout:
             listener.close()
             self._nursery = self._listener = None
             self._feeds.clear()
+
+    async def _linger(self, listener: DurableChanges, wait: float) -> None:
+        """Sleep `wait`, and on while its last `linger_quiet` saw commits (a step still
+        streaming), until a `linger_quiet` without any, `linger_streaming` in all at most."""
+        start = trio.current_time()
+        quiet = min(self.linger_quiet, wait)
+        await trio.sleep(wait - quiet)
+        while True:
+            notes = listener.notes
+            await trio.sleep(quiet)
+            if listener.notes == notes or trio.current_time() - start >= self.linger_streaming:
+                return
 
     def next_linger(self, idle: float) -> float:
         """How long the pump woken `idle` seconds after its last round waits: `linger`, or what
@@ -279,7 +313,17 @@ class Fanout:
         feed.next_seq = events[-1].seq + 1
         self.rounds += 1
         self.events += len(events)
-        batch = EventBatch(events, head)
+        stored_json = self.stored_json
+        if stored_json is None:
+            batch = EventBatch(events, head)
+        else:
+            session_id = feed.session_id
+
+            def encode(event: Event) -> bytes:
+                text = stored_json(session_id, event.seq)
+                return encode_event(event) if text is None else text
+
+            batch = EventBatch(events, head, encode)
         feed.subscribers = [s for s in feed.subscribers if s.deliver(batch)]
         if not feed.subscribers:
             self._end(feed)

@@ -26,6 +26,9 @@ subscription's batch of the round. The open frame is the tail of the log
 lane: it is sealed (made into one frame) before any other log frame is
 queued behind it, when it would pass `MERGED_MAX_BYTES` of batches, and
 when the writer takes the lane, so log frames keep their arrival order.
+Frames that must follow a batch of the open frame (a subscription's first
+`caughtUp`) wait beside it (`after_merged`) and are queued right behind it
+when it is sealed.
 
 The writer takes everything queued at once, control frames first, then log
 frames in arrival order, and writes it with one system call. The session
@@ -95,6 +98,8 @@ class Outbox:
     """The open merged frame's batches: prefix, events JSON, separator, prefix, ..."""
     _merged_size: int = attrs.field(default=0, init=False)
     _merged_framing: Framing | None = attrs.field(default=None, init=False)
+    _after_merged: list[bytes] = attrs.field(factory=list, init=False)
+    """Frames queued right behind the open merged frame when it is sealed."""
 
     @property
     def queued_frames(self) -> int:
@@ -160,6 +165,13 @@ class Outbox:
             self._ready.set()
         return True
 
+    def after_merged(self, frame: bytes) -> None:
+        """Queue `frame` right behind the open merged frame (which must hold a batch): it
+        follows that frame's batches, before any later log frame."""
+        assert self._merged
+        self._after_merged.append(frame)
+        self._log_bytes += len(frame)
+
     def _queue_log(self, frames: Sequence[bytes], size: int, *, wake: bool = True) -> None:
         """Append log frames of `size` bytes behind everything queued (the open merged frame
         sealed first, so log frames keep their arrival order) and wake the writer (`wake`)."""
@@ -191,6 +203,9 @@ class Outbox:
         self._log_bytes += len(MERGED_HEAD) + len(MERGED_END) - len(MERGED_SEPARATOR)
         self._merged = []
         self._merged_size = 0
+        if self._after_merged:
+            self._log.extend(self._after_merged)
+            self._after_merged = []
 
     def push_log(self, frames: Sequence[bytes], size: int) -> None:
         """Queue relayed log frames of `size` bytes now, even over the lane's capacity.

@@ -23,7 +23,7 @@ import trio_websocket
 
 from actors.latency import LatencySummary
 from actors.providers.actor import ProviderActorStatistics
-from actors.session import Event
+from actors.session import Event, MemoryStore
 from supervision.gateway.auth import Denial, Principal, Token, authenticate
 from supervision.gateway.connection import (
     CLOSE_GOING_AWAY,
@@ -105,10 +105,13 @@ class Gateway:
     _slow_consumer_closed: trio.Event = attrs.field(factory=trio.Event)
 
     def __attrs_post_init__(self) -> None:
+        store = self.runtime.store
         self.fanout = Fanout(
-            changes=self.runtime.store.durable_changes,
+            changes=store.durable_changes,
             read_now=self.read_durable_now,
             read=self.read_durable,
+            # A memory store keeps each event's JSON text: the fan-out sends it as it is.
+            stored_json=store.durable_json if isinstance(store, MemoryStore) else None,
         )
         self.status_watch = StatusWatch(directory=self.directory, fanout=self.fanout)
 

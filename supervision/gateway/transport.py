@@ -120,6 +120,12 @@ class SharedStream(trio.abc.Stream):
     once is kept as the stream's *tail*, which every later write (either
     kind) sends first, under the lock, so a frame cut by a full buffer is
     never interleaved with another.
+
+    A write that fails or is cancelled partway (a ping under the keep-alive's
+    timeout, a write past its deadline) may have left part of a frame on the
+    wire, so the stream is *broken*: every later write raises
+    `trio.BrokenResourceError` and `write_now` is refused; the connection can
+    only be aborted.
     """
 
     def __init__(
@@ -130,6 +136,7 @@ class SharedStream(trio.abc.Stream):
         self._socket = socket
         self._tail = b""
         self._closing = False
+        self._broken = False
 
     @property
     def writable_now(self) -> bool:
@@ -140,6 +147,7 @@ class SharedStream(trio.abc.Stream):
             and not self._tail
             and not self._lock.locked()
             and not self._closing
+            and not self._broken
         )
 
     @property
@@ -150,13 +158,14 @@ class SharedStream(trio.abc.Stream):
     def write_now(self, data: bytes) -> bool:
         """Write `data` without waiting, as far as the socket takes it; the rest is the tail.
 
-        Only while `writable_now`. Returns True when all of `data` was
-        written. A socket error writes nothing here: the data becomes the
-        tail, and the next write reports the error.
+        Only while `writable_now` (the caller has just checked it). Returns
+        True when all of `data` was written. A socket error writes nothing
+        here: the data becomes the tail, and the next write reports the error.
         """
-        assert self.writable_now and self._socket is not None
+        socket = self._socket
+        assert socket is not None and not self._tail  # a second tail would lose the first
         try:
-            written = os.write(self._socket.fileno(), data)
+            written = os.write(socket.fileno(), data)
         except OSError:  # a full buffer, or a broken connection the next write reports
             written = 0
         if written < len(data):
@@ -164,11 +173,22 @@ class SharedStream(trio.abc.Stream):
             return False
         return True
 
+    async def _write(self, data: bytes | bytearray | memoryview) -> None:
+        # Under the lock. A write cut partway leaves the peer part of a frame: nothing may
+        # follow it.
+        if self._broken:
+            raise trio.BrokenResourceError("an earlier write was cut partway")
+        try:
+            await self.inner.send_all(data)
+        except BaseException:
+            self._broken = True
+            raise
+
     async def _write_tail(self) -> None:
         # Under the lock: the rest of a `write_now`, before anything else.
         tail, self._tail = self._tail, b""
         if tail:
-            await self.inner.send_all(tail)
+            await self._write(tail)
 
     async def _acquire(self) -> None:
         # Uncontended (the usual case) without the scheduler pass `acquire` costs.
@@ -178,11 +198,15 @@ class SharedStream(trio.abc.Stream):
             await self._lock.acquire()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        """Write `data` after any write in progress."""
+        """Write `data` after any write in progress.
+
+        Raises:
+            trio.BrokenResourceError: the stream is broken (see the class docstring), or broke.
+        """
         await self._acquire()
         try:
             await self._write_tail()
-            await self.inner.send_all(data)
+            await self._write(data)
         finally:
             self._lock.release()
 
@@ -191,7 +215,10 @@ class SharedStream(trio.abc.Stream):
         `data` was not written (empty `data` writes only the tail).
 
         Cancellation: cancellable while waiting for the lock and while writing
-        (a cancelled write may have written part of `data`).
+        (a cancelled write may have written part of `data`: the stream is then broken).
+
+        Raises:
+            trio.BrokenResourceError: the stream is broken (see the class docstring), or broke.
         """
         await self._acquire()
         try:
@@ -199,7 +226,9 @@ class SharedStream(trio.abc.Stream):
             if closed():
                 return False
             if data:
-                await self.inner.send_all(data)
+                await self._write(data)
+            elif self._broken:
+                raise trio.BrokenResourceError("an earlier write was cut partway")
             return True
         finally:
             self._lock.release()

@@ -37,7 +37,7 @@ async def read_slowly(client: RpcClient) -> None:
     """Read frames one at a time with a pause after each, until the socket closes."""
     try:
         while True:
-            client._file(json.loads(await client.ws.get_message()))
+            client.file(json.loads(await client.ws.get_message()))
             await trio.sleep(0.001)
     except trio_websocket.ConnectionClosed:
         client._arrived.set()

@@ -116,11 +116,12 @@ class RpcClient:
         """Read frames until the socket closes."""
         try:
             while True:
-                self._file(json.loads(await self.ws.get_message()))
+                self.file(json.loads(await self.ws.get_message()))
         except trio_websocket.ConnectionClosed:
             self._arrived.set()
 
-    def _file(self, value: Any) -> None:
+    def file(self, value: Any) -> None:
+        """Keep one decoded frame (answers by id, notifications and log events in order)."""
         self.frames.append(value)
         for message in value if isinstance(value, list) else [value]:
             if message.get("method") == "_harness/log/event":

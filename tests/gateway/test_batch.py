@@ -16,6 +16,7 @@ from actors.session import Event
 from supervision.gateway.cursors import EventBatch, EventTexts, LogCursor
 from supervision.gateway.encoding import encode_event
 from supervision.gateway.outbox import MERGED_END, MERGED_HEAD, MERGED_SEPARATOR, Outbox
+from supervision.gateway.protocol import encode, notification
 from supervision.gateway.transport import WEBSOCKET_FRAMING
 from tests.gateway.helpers import connect, running_gateway
 
@@ -71,6 +72,9 @@ def _stream(
         joined = cursor.whole(batch) if cursor.merge else None
         if joined is not None:
             assert outbox.offer_merged(cursor.batch_prefix, joined, WEBSOCKET_FRAMING)
+            caught_up = cursor.caught_up_frame(batch.head, WEBSOCKET_FRAMING)
+            if caught_up is not None:  # as `_LiveLog.deliver`: right behind the merged frame
+                outbox.after_merged(caught_up)
         else:
             frames = cursor.frames(batch, WEBSOCKET_FRAMING)
             assert outbox.offer_log(frames, sum(map(len, frames)))
@@ -186,16 +190,19 @@ def test_batched_merged_and_unbatched_cursors_send_the_same_events_in_the_same_o
     deliveries=_deliveries(),
     subscriptions=st.integers(1, 4),
     kinds=st.lists(st.sampled_from(["plain", "batch", "merge"]), min_size=4, max_size=4),
+    caught_up=st.lists(st.booleans(), min_size=4, max_size=4),
     takes=st.lists(st.booleans(), max_size=40),
 )
 def test_merged_frames_carry_every_subscriptions_batches_in_order(
     deliveries: tuple[list[tuple[int, int]], int],
     subscriptions: int,
     kinds: list[str],
+    caught_up: list[bool],
     takes: list[bool],
 ) -> None:
-    """Several subscriptions of one connection (any mix of kinds) fed the same rounds, as the
-    fan-out does: each one's events arrive exactly once, in order, whatever the frames."""
+    """Several subscriptions of one connection (any mix of kinds, live ones that still owe
+    their `caughtUp` among them) fed the same rounds, as the fan-out does: each one's events
+    arrive exactly once, in order, whatever the frames, and the `caughtUp` after them."""
     batches, first = deliveries
     head = len(_events()) - 1
     cursors = {
@@ -206,7 +213,7 @@ def test_merged_frames_carry_every_subscriptions_batches_in_order(
             texts=EventTexts(),
             batch=kinds[index] == "batch",
             merge=kinds[index] == "merge",
-            caught_up=True,
+            caught_up=caught_up[index],
         )
         for index in range(subscriptions)
     }
@@ -218,6 +225,9 @@ def test_merged_frames_carry_every_subscriptions_batches_in_order(
             joined = cursor.whole(batch) if cursor.merge else None
             if joined is not None:
                 assert outbox.offer_merged(cursor.batch_prefix, joined, WEBSOCKET_FRAMING)
+                late = cursor.caught_up_frame(batch.head, WEBSOCKET_FRAMING)
+                if late is not None:  # as `_LiveLog.deliver`: right behind the merged frame
+                    outbox.after_merged(late)
             else:
                 frames = cursor.frames(batch, WEBSOCKET_FRAMING)
                 assert outbox.offer_log(frames, sum(map(len, frames)))
@@ -225,7 +235,39 @@ def test_merged_frames_carry_every_subscriptions_batches_in_order(
             written.extend(outbox.take())
     written.extend(outbox.take())
     expected = [("event", e.seq, encode_event(e)) for e in _events()[first:]]
-    assert _decode(written, cursors) == {name: expected for name in cursors}
+    assert _decode(written, cursors) == {
+        name: expected + ([] if caught_up[index] else [("caughtUp", head)])
+        for index, name in enumerate(cursors)
+    }
+
+
+def test_live_merged_subscriptions_first_batches_share_the_rounds_frame_then_catch_up() -> None:
+    # A live subscription's first batch (it still owes its `caughtUp`) goes into the open
+    # merged frame like any other, and its `caughtUp` follows that frame: one merged frame
+    # per round, not one per new subscription.
+    events = _events()
+    cursors = [
+        LogCursor(subscription=name, session_id=name, next_seq=0, texts=EventTexts(), merge=True)
+        for name in ("a", "b", "c")
+    ]
+    outbox = Outbox()
+    batch = EventBatch(events[:3], 2)
+    for cursor in cursors:
+        joined = cursor.whole(batch)
+        assert joined is not None
+        assert outbox.offer_merged(cursor.batch_prefix, joined, WEBSOCKET_FRAMING)
+        late = cursor.caught_up_frame(batch.head, WEBSOCKET_FRAMING)
+        assert late is not None
+        outbox.after_merged(late)
+    messages = [json.loads(_payload(frame)) for frame in outbox.take()]
+    assert [m["method"] for m in messages] == ["_harness/log/merged"] + [
+        "_harness/log/caughtUp"
+    ] * 3
+    assert [b["subscription"] for b in messages[0]["params"]["batches"]] == ["a", "b", "c"]
+    assert [m["params"] for m in messages[1:]] == [
+        {"subscription": name, "seq": 2} for name in ("a", "b", "c")
+    ]
+    assert all(cursor.caught_up_frame(2, WEBSOCKET_FRAMING) is None for cursor in cursors)
 
 
 def test_a_round_of_merged_subscriptions_is_one_frame_until_another_frame_comes_between() -> None:
@@ -339,3 +381,16 @@ async def test_merged_subscriptions_get_their_sessions_logs_in_shared_frames() -
             assert "_harness/log/event" not in kinds and "_harness/log/events" not in kinds
             merged = [n for n in client.notifications if n["method"] == "_harness/log/merged"]
             assert len(merged) < sum(map(len, expected.values()))
+
+
+@given(subscription=st.text(), seq=st.integers(0, 2**53))
+def test_the_caught_up_frame_is_the_generic_encoding_of_its_notification(
+    subscription: str, seq: int
+) -> None:
+    cursor = LogCursor(subscription=subscription, session_id="s", next_seq=seq, texts=EventTexts())
+    cursor.next_seq = seq + 1
+    frame = cursor.caught_up_frame(seq, WEBSOCKET_FRAMING)
+    assert frame is not None
+    expected = notification("_harness/log/caughtUp", {"subscription": subscription, "seq": seq})
+    assert frame == WEBSOCKET_FRAMING.frame(encode(expected))
+    assert cursor.caught_up_frame(seq, WEBSOCKET_FRAMING) is None  # once

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import attrs
+import pytest
 import trio
 import trio.testing
+import trio_websocket
 
+from actors.providers.simulator import SimulatorConfig
+from supervision.gateway import Gateway
 from supervision.gateway.cursors import EventBatch
 from supervision.gateway.fanout import Fanout
 from supervision.gateway.outbox import Outbox
-from supervision.gateway.transport import WEBSOCKET_FRAMING, SharedStream
+from supervision.gateway.transport import WEBSOCKET_FRAMING, SharedStream, WebSocketTransport
+from tests.gateway.helpers import AUTH, RpcClient, running_gateway
 from tests.gateway.test_pump import _Log
 
 
@@ -103,6 +110,36 @@ async def test_a_direct_write_to_a_broken_socket_fails_at_the_next_write() -> No
             pass
         else:
             raise AssertionError("a write on a reset socket succeeded")
+
+
+async def test_a_write_cut_by_cancellation_breaks_the_stream_for_every_later_write(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A ping (trio-websocket's write, under the keep-alive's timeout) cut partway through:
+    # the peer has half a frame, so nothing may follow it, least of all a direct write.
+    async with _pair(4096) as (shared, peer):
+        with trio.move_on_after(1) as timeout:
+            await shared.send_all(b"p" * (1024 * 1024))  # nobody reads: it blocks, then is cut
+        assert timeout.cancelled_caught
+        assert not shared.writable_now
+        with pytest.raises(trio.BrokenResourceError):
+            await shared.send_frames(b"frame", lambda: False)
+        with pytest.raises(trio.BrokenResourceError):
+            await shared.send_all(b"close")
+        await peer.aclose()
+
+
+async def test_a_tail_cut_by_cancellation_breaks_the_stream(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with _pair(4096) as (shared, _peer):
+        assert not shared.write_now(b"t" * (1024 * 1024))
+        with trio.move_on_after(1) as timeout:
+            await shared.send_all(b"PONG")  # writes the tail first, and is cut in it
+        assert timeout.cancelled_caught
+        assert not shared.has_tail and not shared.writable_now
+        with pytest.raises(trio.BrokenResourceError):
+            await shared.send_frames(b"", lambda: False)
 
 
 async def test_a_closed_stream_takes_no_direct_write() -> None:
@@ -199,3 +236,147 @@ async def test_round_end_callbacks_run_once_after_every_session_of_the_round(
         fanout.after_round(lambda: called.append(1))  # outside a round: at once
         assert called == [1]
         nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def _slow_window_client(
+    gateway: Gateway, nursery: trio.Nursery
+) -> AsyncIterator[tuple[trio_websocket.WebSocketConnection, RpcClient]]:
+    """An initialized client that reads slowly, with a 4 KiB window on both sides of its
+    socket (no autotuning), so the gateway's direct writes fill it and leave tails."""
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((gateway.host, gateway.port))
+    stream = trio.SocketStream(sock)
+    try:
+        ws = await trio_websocket.wrap_client_stream(
+            nursery,
+            stream,
+            gateway.host,
+            "/acp",
+            extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
+            message_queue_size=1,
+        )
+        client = RpcClient(ws=ws)
+
+        async def read_slowly() -> None:
+            with contextlib.suppress(trio_websocket.ConnectionClosed):
+                while True:
+                    client.file(json.loads(await ws.get_message()))
+                    await trio.sleep(0.0005)
+            client.file({"jsonrpc": "2.0", "method": "closed"})  # wakes waiters
+
+        nursery.start_soon(read_slowly)
+        await client.call("initialize", {"protocolVersion": 1})
+        (connection,) = gateway.connections
+        assert isinstance(connection.transport, WebSocketTransport)
+        server_socket = connection.transport.stream._socket
+        assert server_socket is not None
+        server_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        yield ws, client
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+@attrs.define(eq=False)
+class _Partial:
+    """Direct writes the socket did not take whole (each left a tail)."""
+
+    sizes: list[int] = attrs.field(factory=list)
+    happened: trio.Event = attrs.field(factory=trio.Event)
+
+
+@pytest.fixture
+def partial_writes(monkeypatch: pytest.MonkeyPatch) -> _Partial:
+    partial = _Partial()
+    write_now = SharedStream.write_now
+
+    def counting(self: SharedStream, data: bytes) -> bool:
+        done = write_now(self, data)
+        if not done:
+            partial.sizes.append(len(data))
+            partial.happened.set()
+        return done
+
+    monkeypatch.setattr(SharedStream, "write_now", counting)
+    return partial
+
+
+@pytest.mark.parametrize("mode", [{}, {"merge": True}])
+async def test_a_slow_pinging_reader_gets_every_event_once_in_order_through_socket_full_tails(
+    mode: dict[str, bool], partial_writes: _Partial
+) -> None:
+    # A reader with a tiny window that reads slowly and pings all the time: direct writes
+    # leave tails, and the pongs trio-websocket writes (between the gateway's writes) take
+    # them; every frame must still arrive whole, every event once, in order.
+    config = SimulatorConfig(reply_tokens=120)
+    async with running_gateway(config=config, write_deadline=30.0) as gateway:
+        with trio.fail_after(90):
+            agents = [
+                await gateway.directory.create(profile="default", owner=None) for _ in range(4)
+            ]
+            async with (
+                trio.open_nursery() as nursery,
+                _slow_window_client(gateway, nursery) as (ws, client),
+            ):
+
+                async def ping() -> None:
+                    with contextlib.suppress(trio_websocket.ConnectionClosed):
+                        while True:
+                            await ws.ping()
+                            await trio.sleep(0.002)
+
+                for agent in agents:
+                    params = {"sessionId": agent.session.id, "fromSeq": 0, **mode}
+                    await client.call("_harness/log/subscribe", params)
+                nursery.start_soon(ping)
+                for turn in range(3):
+                    for agent in agents:
+                        agent.followup(f"turn {turn}")
+                    for agent in agents:
+                        await agent.when_idle()
+                expected = {
+                    agent.session.id: [json.dumps(e) for e in agent.session.to_json()]
+                    for agent in agents
+                }
+                await client.wait_for_log_events(sum(map(len, expected.values())))
+                for sid, events in expected.items():
+                    assert [json.dumps(e) for e in client.log_events[sid]] == events
+                assert gateway.statistics().slow_consumer_closes == 0
+                nursery.cancel_scope.cancel()
+    assert partial_writes.sizes, "no direct write filled the socket: no tail was exercised"
+
+
+@pytest.mark.parametrize(("bad", "code"), [(b"binary", 1003), ("x" * (1024 * 1024 + 1), 1009)])
+async def test_a_close_for_a_bad_frame_follows_every_frame_already_written(
+    bad: str | bytes, code: int, partial_writes: _Partial
+) -> None:
+    # The close frame (1003 from the gateway, 1009 from trio-websocket) goes out behind the
+    # tail of a direct write, whole, and nothing follows it: the reader gets a gap-free prefix
+    # of each log, then the close with its code.
+    config = SimulatorConfig(reply_tokens=200)
+    async with running_gateway(config=config, write_deadline=30.0) as gateway:
+        with trio.fail_after(90):
+            agents = [
+                await gateway.directory.create(profile="default", owner=None) for _ in range(4)
+            ]
+            async with (
+                trio.open_nursery() as nursery,
+                _slow_window_client(gateway, nursery) as (ws, client),
+            ):
+                for agent in agents:
+                    params = {"sessionId": agent.session.id, "merge": True}
+                    await client.call("_harness/log/subscribe", params)
+                for agent in agents:
+                    agent.followup("a long reply")
+                await partial_writes.happened.wait()  # a tail is waiting
+                await ws.send_message(bad)
+                with contextlib.suppress(trio_websocket.ConnectionClosed):
+                    await client.wait_for(lambda n: n["method"] == "closed")
+                assert ws.closed is not None and ws.closed.code == code
+                for agent in agents:
+                    await agent.when_idle()
+                    got = [json.dumps(e) for e in client.log_events.get(agent.session.id, [])]
+                    log = [json.dumps(e) for e in agent.session.to_json()]
+                    assert got == log[: len(got)]
+                nursery.cancel_scope.cancel()

@@ -9,10 +9,12 @@ import pytest
 import trio
 import trio.testing
 
-from actors.session import Event, SessionError
+from actors.session import Event, MemoryStore, SessionError
 from actors.session.durability import DurableMarks
 from supervision.gateway.cursors import EventBatch
+from supervision.gateway.encoding import encode_event
 from supervision.gateway.fanout import Fanout
+from tests.gateway.helpers import running_gateway
 from tests.session.store_helpers import turn_start
 
 
@@ -237,3 +239,110 @@ async def test_rounds_that_took_long_space_the_next_rounds_out(
         fanout.round_work = (10.0, 10.0)
         assert fanout.next_linger(0.0) == fanout.linger_max
         nursery.cancel_scope.cancel()
+
+
+@attrs.define(eq=False)
+class _Timed(_Subscriber):
+    at: list[float] = attrs.field(factory=list)
+
+    def deliver(self, batch: EventBatch) -> bool:
+        self.at.append(trio.current_time())
+        return super().deliver(batch)
+
+
+async def test_a_step_still_streaming_when_the_linger_ends_goes_out_whole(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = _Log()
+    async with trio.open_nursery() as nursery:
+        fanout = await _running(log, nursery)
+        subscriber = _Timed()
+        fanout.attach("s", 0, subscriber)
+        start = trio.current_time()
+        for _ in range(9):  # a step streaming for 8.8 ms, past the 5 ms linger
+            log.commit("s")
+            await trio.sleep(0.0011)
+        await trio.sleep(1)
+        assert subscriber.batches == [list(range(9))]
+        # Out once the commits paused for `linger_quiet`, not later.
+        assert subscriber.at[0] - start == pytest.approx(0.011)
+        # A lone commit still goes out after the linger, nothing added.
+        committed = trio.current_time()
+        log.commit("s")
+        await trio.sleep(1)
+        assert subscriber.batches[-1] == [9]
+        assert subscriber.at[-1] - committed == pytest.approx(fanout.linger)
+        nursery.cancel_scope.cancel()
+
+
+async def test_commits_that_never_pause_go_out_at_least_every_streaming_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    log = _Log()
+    async with trio.open_nursery() as nursery:
+        fanout = await _running(log, nursery)
+        subscriber = _Timed()
+        fanout.attach("s", 0, subscriber)
+        committed: list[float] = []
+        for _ in range(100):
+            committed.append(trio.current_time())
+            log.commit("s")
+            await trio.sleep(0.00101)
+        await trio.sleep(1)
+        assert subscriber.seqs == list(range(100))
+        assert len(subscriber.batches) >= 4
+        for batch, at in zip(subscriber.batches, subscriber.at, strict=True):
+            # No event waited longer than the streaming wait (plus the quiet check after it).
+            assert at - committed[batch[0]] <= fanout.linger_streaming + fanout.linger_quiet
+        nursery.cancel_scope.cancel()
+
+
+@attrs.define(eq=False)
+class _Keeping(_Subscriber):
+    kept: list[EventBatch] = attrs.field(factory=list)
+
+    def deliver(self, batch: EventBatch) -> bool:
+        self.kept.append(batch)
+        return super().deliver(batch)
+
+
+async def test_the_fanout_sends_a_memory_stores_own_text_of_each_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The store made each event's JSON at its append; the fan-out sends those bytes as they
+    # are (a request header, kept decoded, is encoded), byte-equal to encoding the event.
+    store = MemoryStore()
+    async with running_gateway(store=store) as gateway:
+        agent = await gateway.directory.create(profile="default", owner=None)
+        sid = agent.session.id
+        agent.followup("hello")
+        await agent.when_idle()
+        events = agent.session.durable_events(0)
+        texts = [store.durable_json(sid, event.seq) for event in events]
+        assert any(text is None for text in texts)  # the request header
+        assert all(
+            text == encode_event(event)
+            for text, event in zip(texts, events, strict=True)
+            if text is not None
+        )
+        assert store.durable_json(sid, len(events)) is None
+        assert store.durable_json("no-such-session", 0) is None
+        assert gateway.fanout.stored_json is not None
+        encoded: list[int] = []
+
+        def counting(event: Event) -> bytes:
+            encoded.append(event.seq)
+            return encode_event(event)
+
+        monkeypatch.setattr("supervision.gateway.fanout.encode_event", counting)
+        subscriber = _Keeping()
+        batches = subscriber.kept
+        assert gateway.fanout.attach(sid, len(events), subscriber)
+        agent.followup("again")
+        await agent.when_idle()
+        await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        sent = [text for batch in batches for text in batch.texts]
+        assert sent == [encode_event(event) for event in agent.session.durable_events(len(events))]
+        stored = [store.durable_json(sid, seq) for seq in range(len(events), len(agent.session))]
+        assert sent == [text for text in stored if text is not None]
+        assert len(sent) == len(stored) and encoded == []  # nothing encoded again
