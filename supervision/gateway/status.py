@@ -14,21 +14,24 @@ Two parts:
   followed. The batches it sees also keep the directory's summary figures
   current (`SessionDirectory.note_durable`), so a session that hibernates
   right after its turn is summarised without reading the store.
-- `WatchCursor` (one per watch). It is a cursor, not a queue of frames:
-  it records each change of a session the watch covers (the token's
-  session filter and the watch's `filter`) as *pending* for that session,
-  and its task (`serve`, owned by the connection) writes the pending
-  changes into the connection's log lane at the pace the socket drains,
-  blocking only itself when the lane is full (`Outbox.put_log`). Changes
-  that arrive meanwhile are coalesced, so a watch holds at most three
-  pending changes per session, however far its socket is behind; the
-  socket is closed with 4008 only when a write stalls past the deadline.
+- `WatchCursor` (one per watch). It is a cursor, not a queue of frames.
+  A change of a session the watch covers (the token's session filter and
+  the watch's `filter`) is written into the connection's log lane at once
+  while the lane has room and nothing of the watch is pending, so a
+  watcher that keeps up sees every change as it happens. Otherwise it is
+  recorded as *pending* for that session, and the watch's task (`serve`,
+  owned by the connection) writes the pending changes at the pace the
+  socket drains, blocking only itself when the lane is full
+  (`Outbox.put_log`). Pending changes are coalesced, so a watch holds at
+  most three per session, however far its socket is behind; the socket is
+  closed with 4008 only when a write stalls past the deadline.
 
 What a watcher is told (what "nothing is lost" means for a watch): for
 each session it covers, every "added" and every "removed" (never coalesced
 away: a session added and removed before the watcher read either still
-shows both, in that order), and its *latest* status: consecutive status
-changes not yet written are coalesced into the newest (carried by an
+shows both, in that order), every status change while it keeps up, and
+its *latest* status when it falls behind: consecutive pending status
+changes are coalesced into the newest (carried by an
 unwritten "added", which then shows it), so a watcher that falls behind
 skips intermediate statuses but never sees an older status after a newer
 one, and changes of one session arrive in the order they happened.
@@ -180,6 +183,8 @@ class WatchCursor:
     _ready: trio.Event = attrs.field(factory=trio.Event, init=False)
     _matching: set[str] = attrs.field(factory=set, init=False)
     """With a `status` filter: the sessions whose last written change had that status."""
+    _connection: Connection | None = attrs.field(default=None, init=False)
+    """The connection `serve` writes to (None until it starts)."""
 
     @property
     def pending(self) -> int:
@@ -189,9 +194,11 @@ class WatchCursor:
     def record(self, session_id: str, change: str, status: str | None) -> None:
         """Note a change of `session_id` for the watch, when the watch covers the session.
 
-        Never blocks. A "status" replaces the session's unwritten status (or
-        updates its unwritten "added"); a "removed" drops the unwritten
-        statuses before it (its session is gone) and is noted once.
+        Never blocks. With nothing of the watch pending and room in the log
+        lane, the change is written at once. Otherwise it is pending: a
+        "status" replaces the session's pending status (or updates its
+        pending "added"); a "removed" drops the pending statuses before it
+        (its session is gone) and is noted once.
         """
         directory, wanted = self.directory, self.filter
         if not directory.visible(self.principal, session_id):
@@ -215,7 +222,10 @@ class WatchCursor:
             kind = "removed"
         changes = self._pending.get(session_id)
         if changes is None:
-            self._pending[session_id] = [_Pending(change=kind, status=status)]
+            pending = _Pending(change=kind, status=status)
+            if not self._pending and self._write_now(session_id, pending):
+                return
+            self._pending[session_id] = [pending]
         elif kind == "status" and changes[-1].change != "removed":
             changes[-1].status = status
         elif kind == "removed":
@@ -244,6 +254,7 @@ class WatchCursor:
         Cancellation: the connection's end cancels it; changes not written are dropped with
         the watch. A bug in writing closes the connection (1011).
         """
+        self._connection = connection
         try:
             while True:
                 while not self._pending:
@@ -251,20 +262,11 @@ class WatchCursor:
                         self._ready = trio.Event()
                     await self._ready.wait()
                 frames = []
-                framing = connection.transport.framing
                 for session_id, changes in self.take():
                     for pending in changes:
                         session = await self._describe(session_id, pending)
-                        if session is None:
-                            continue
-                        params = {
-                            "subscription": self.subscription,
-                            "change": pending.change,
-                            "session": session,
-                        }
-                        frames.append(
-                            framing.frame(encode(notification("_harness/sessions/changed", params)))
-                        )
+                        if session is not None:
+                            frames.append(self._frame(connection, pending, session))
                 if frames:
                     await connection.outbox.put_log(frames)
         except OutboxClosed:
@@ -273,19 +275,48 @@ class WatchCursor:
             log.exception("watch %s failed", self.subscription)
             connection.close(CLOSE_INTERNAL, f"watch {self.subscription} failed")
 
+    def _frame(self, connection: Connection, pending: _Pending, session: dict[str, Any]) -> bytes:
+        params = {"subscription": self.subscription, "change": pending.change, "session": session}
+        return connection.transport.framing.frame(
+            encode(notification("_harness/sessions/changed", params))
+        )
+
+    def _write_now(self, session_id: str, pending: _Pending) -> bool:
+        """Write `pending` into the log lane now; False (nothing written) when the lane is
+        full, the watch is not served yet, or the session's summary needs the store."""
+        connection = self._connection
+        if connection is None or not connection.outbox.log_has_room:
+            return False
+        summary = None
+        if pending.change != "removed":
+            summary = self.directory.summary_now(session_id)
+            if summary is None:
+                return False
+        session = self._finish(session_id, pending, summary)
+        if session is not None:
+            frame = self._frame(connection, pending, session)
+            connection.outbox.offer_log([frame], len(frame))
+        return True
+
     async def _describe(self, session_id: str, pending: _Pending) -> dict[str, Any] | None:
         """The `session` of a change, or None when the watch's status filter leaves it out."""
         directory = self.directory
-        session: dict[str, Any] | None
-        if pending.change == "removed":
-            session = None
-        else:
+        session: dict[str, Any] | None = None
+        if pending.change != "removed":
             session = directory.summary_now(session_id)
             if session is None:
                 try:
                     session = await directory.summary(session_id)
                 except SessionError:
                     session = None  # not stored (yet): named only
+        return self._finish(session_id, pending, session)
+
+    def _finish(
+        self, session_id: str, pending: _Pending, session: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """The `session` of a change from its summary (None: named only), or None when the
+        watch's status filter leaves it out."""
+        directory = self.directory
         if session is None:
             session = {"sessionId": session_id, "agent": directory.agent_of(session_id)}
             parent = directory.parent_of(session_id)
