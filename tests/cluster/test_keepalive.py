@@ -65,6 +65,34 @@ async def test_a_node_slow_to_answer_one_call_keeps_its_stream(
         nursery.cancel_scope.cancel()
 
 
+async def stream_updates_unread(call: FakeCall) -> dict[str, Any]:
+    # A node busy streaming (its reader held up behind the frames it sends, as when the
+    # gateway reads slowly): it takes in nothing more, so pings go unanswered, while its
+    # updates keep coming for longer than the ping timeout.
+    call.stream.deaf = True
+    for n in range(40):
+        await call.notify("session/update", {"n": n})
+        await trio.sleep(0.5)
+    return answered_by(call)
+
+
+async def test_a_node_that_keeps_sending_keeps_its_stream_while_its_pong_waits(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with trio.open_nursery() as nursery:
+        view = nodes_at(monkeypatch, nursery, {"busy": stream_updates_unread})
+        router = Router(view=view, secret="s", nursery=nursery, ping_interval=1.0, ping_timeout=2.0)
+        link = router.link(view.nodes[0])
+        updates: list[Any] = []
+        reply = await link.call(
+            "k", lambda _, message: updates.append(message), "session/prompt", {"sessionId": "s"}
+        )
+        assert reply["result"] == {"node": "busy"}
+        assert len(updates) == 40
+        assert link.down is None
+        nursery.cancel_scope.cancel()
+
+
 LEASE_LEFT_MS = 4000
 
 
