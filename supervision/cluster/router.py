@@ -384,18 +384,30 @@ class RouterClient:
     # -- subscriptions -----------------------------------------------------------
 
     def serve(self, subscription: RoutedSubscription, node_id: str, node_sub: str) -> None:
-        """Record `node_id` serving `subscription` as `node_sub`; pass on what it sent already."""
+        """Record `node_id` serving `subscription` as `node_sub`; pass on what it sent already.
+
+        What the node sent may end it already (`_harness/log/moved` right behind its
+        reply), and the node's stream may have dropped since it replied: either way,
+        the subscription is resumed at once, as it would have been once served.
+        """
         subscription.node_id, subscription.node_subscription = node_id, node_sub
         self._served[(node_id, node_sub)] = subscription
         self.subscriptions[subscription.id] = subscription
         self.router.subscribed.setdefault(subscription.session_id, set()).add(subscription)
+        ended = False
         for message in self._unrouted.pop((node_id, node_sub), []):
             self._count_unrouted(-1)
-            self._log_notification(subscription, message)
+            if message.get("method") == "_harness/log/moved":
+                ended = True
+            else:
+                self._log_notification(subscription, message)
         if not self.subscribing:
             # What is left belongs to subscriptions that ended (or moved) meanwhile.
             self._unrouted.clear()
             self._unrouted_count = 0
+        link = self.router.links.get(node_id)
+        if ended or link is None or link.down is not None:
+            self.resume(subscription)
 
     def drop(self, subscription: RoutedSubscription) -> None:
         """Forget `subscription` (unsubscribed, or its connection ended)."""
@@ -536,9 +548,13 @@ class RouterClient:
             else:
                 self._log_notification(served, message)
         elif method == "_harness/log/moved":
-            moved = self._served.get((node_id, str(params.get("subscription"))))
+            key = (node_id, str(params.get("subscription")))
+            moved = self._served.get(key)
             if moved is not None:
                 self.resume(moved)
+            elif self.subscribing:  # it may end a subscription whose reply is not handled yet
+                self._unrouted.setdefault(key, []).append(message)
+                self._count_unrouted(1)
         elif method == "session/update":
             # Paced as the single-process gateway paces a prompt's updates: the log lane.
             self.connection.relay_log(message)

@@ -63,11 +63,17 @@ class FakeCall:
     message: dict[str, Any]
     stream: FreezableStream
     websocket: trio_websocket.WebSocketConnection
+    behind_reply: list[str] = attrs.field(factory=list)
+    """Frames sent in the reply's envelope, right behind it (`notify_behind_reply`)."""
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         """Send a notification to this call's client."""
         text = json.dumps({"jsonrpc": "2.0", "method": method, "params": params})
         await self.websocket.send_message(wire.to_gateway(self.key, [text]))
+
+    def notify_behind_reply(self, method: str, params: dict[str, Any]) -> None:
+        """Send a notification in the reply's envelope, right behind the reply."""
+        self.behind_reply.append(json.dumps({"jsonrpc": "2.0", "method": method, "params": params}))
 
 
 Behaviour = Callable[[FakeCall], Awaitable[dict[str, Any]]]
@@ -96,9 +102,14 @@ async def fake_node(
         request = await trio_websocket.wrap_server_stream(nursery, stream)
         websocket = await request.accept()
         while True:
-            envelope = wire.parse(await websocket.get_message())
+            try:
+                envelope = wire.parse(await websocket.get_message())
+            except trio_websocket.ConnectionClosed:
+                nursery.cancel_scope.cancel()  # the gateway dropped this stream
+                return
             for text in envelope.texts:
                 message = json.loads(text)
+                behind: list[str] = []
                 if message.get("method") == "initialize":
                     body: dict[str, Any] = {"result": {"node": name}}
                 else:
@@ -111,9 +122,10 @@ async def fake_node(
                         websocket=websocket,
                     )
                     body = await on_call(call)
+                    behind = call.behind_reply
                 if "id" in message:
-                    reply = {"jsonrpc": "2.0", "id": message["id"], **body}
-                    await websocket.send_message(wire.to_gateway(envelope.key, [json.dumps(reply)]))
+                    reply = json.dumps({"jsonrpc": "2.0", "id": message["id"], **body})
+                    await websocket.send_message(wire.to_gateway(envelope.key, [reply, *behind]))
 
 
 def nodes_at(
