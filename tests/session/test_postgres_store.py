@@ -351,6 +351,43 @@ async def test_a_lease_lost_to_a_refused_commit_is_reported_once(postgres_dsn: s
     assert stored_seqs(postgres_dsn, "s") == []
 
 
+async def test_a_refusal_that_comes_after_its_lease_was_given_up_is_no_undurable_data(
+    postgres_dsn: str,
+) -> None:
+    # The writer gave up waiting for a slow commit and released its lease (as an
+    # agent's shutdown does after its write grace); then the commit refused the append
+    # as a stale writer's. That refusal used to break the session for good, so the
+    # store's last flush reported undurable data and a node exited 1 on SIGTERM.
+    old_store, new_store = PostgresStore(postgres_dsn), PostgresStore(postgres_dsn)
+    backend = PostgresBackend(postgres_dsn)
+    leases = {}
+    for session_id in ("z", "s"):
+        await old_store.create(session_id)
+        leases[session_id] = await old_store.acquire_lease(session_id, owner="old")
+    expire_lease(postgres_dsn, "s")
+    await new_store.acquire_lease("s", owner="new")
+    async with serving(old_store), trio.open_nursery() as nursery:
+        with backend.write_locked():
+            await old_store.append("z", [turn_start(0)], lease=leases["z"])
+            await trio.testing.wait_all_tasks_blocked()  # the writer is stuck on "z"
+            await old_store.append("s", [turn_start(0)], lease=leases["s"])
+            waiting = trio.Event()
+
+            async def flush_s() -> None:
+                waiting.set()
+                with pytest.raises(SessionFencedError, match=r"refused session 's' seq 0\.\.0"):
+                    await old_store.flush("s")  # one waiting for it still hears of it
+
+            nursery.start_soon(flush_s)
+            await waiting.wait()
+            await old_store.release_lease(leases["s"])
+        await old_store.flush("z")
+        await old_store.flush()
+        stats = old_store.statistics()
+        assert (stats.failed_appends, stats.fenced_appends, stats.broken_sessions) == (1, 1, 0)
+    assert stored_seqs(postgres_dsn, "s") == []
+
+
 async def test_a_busy_lease_says_when_it_runs_out(postgres_dsn: str) -> None:
     holder = PostgresStore(postgres_dsn, lease_ttl=4.0)
     await holder.acquire_lease("s", owner="node-a")
