@@ -188,7 +188,8 @@ class ClusterConfig:
     node_ping_interval: float = 1.0
     """Seconds between a gateway's keep-alive pings on each node stream."""
     node_ping_timeout: float = 5.0
-    """Seconds a node may take to answer a ping before the gateway drops its stream."""
+    """Seconds a node may stay silent after a ping (no pong, no other frame) before the
+    gateway drops its stream."""
 
 
 @attrs.frozen(kw_only=True)

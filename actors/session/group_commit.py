@@ -373,6 +373,9 @@ class GroupCommitter:
             broken = self._broken.get(session_id)
             if broken is not None:
                 raise broken.with_traceback(None)
+            failed = next((r.error for r in pending if r.error is not None), None)
+            if failed is not None:  # refused under a lease given up meanwhile
+                raise failed.with_traceback(None)
         elif self._broken:
             first = next(iter(self._broken.values()))
             raise SessionError(
@@ -611,8 +614,14 @@ class GroupCommitter:
                 self._failed_appends += 1
                 if isinstance(error, SessionFencedError):
                     self._fenced_appends += 1
+                    # `_lost` breaks the session while this lease is the one held. A
+                    # lease already released (its writer gave up waiting for this
+                    # commit) or replaced is left alone: a stale writer's refused
+                    # writes are no undurable data (as in `lease_released`), and a
+                    # newer lease's writes are not this one's.
                     self._lost(request.session_id, request.epoch, error)
-                self._broken.setdefault(request.session_id, error)
+                else:
+                    self._broken.setdefault(request.session_id, error)
                 self._marks.fail(request.session_id, error)
         if committed:
             self._commits += 1

@@ -141,6 +141,12 @@ WHERE l.session_id = r.session_id AND l.epoch = r.epoch AND l.owner IS NOT NULL
 RETURNING l.session_id
 """
 
+_STORED_ROWS = """
+SELECT e.session_id, e.seq, e.checksum FROM harness_events AS e
+JOIN unnest(%s::text[], %s::bigint[]) AS r (session_id, seq)
+    ON e.session_id = r.session_id AND e.seq = r.seq
+"""
+
 _DROP_LEASE = """
 UPDATE harness_leases SET owner = NULL, expires_at = clock_timestamp()
 WHERE session_id = %s AND epoch = %s
@@ -566,22 +572,31 @@ class _WriterConnection:
         self.store._reconnects += 1
 
     async def commit(self, groups: list[SessionRows]) -> dict[str, Refusal]:
-        """`_insert_batch`; once more on a new connection when the old one broke before
-        the commit was sent (nothing was written: the transaction is gone with it).
+        """`_insert_batch`, once more on a new connection when the old one broke under it.
 
         That is the server ending a transaction left idle while this process
-        stalled (`idle_in_transaction_session_timeout`): the batch's checks run
-        again, so a session taken over meanwhile is refused as fenced.
+        stalled (`idle_in_transaction_session_timeout`). When it broke before
+        the commit was sent, nothing was written (the transaction is gone
+        with it): the batch runs again, its checks too, so a session taken
+        over meanwhile is refused as fenced. When it broke as the commit was
+        sent or answered, whether the commit took is unknown: the new
+        connection reads which sessions' rows are stored (each row checked
+        against its checksum); those committed, and the others run again (a
+        refusal comes again, for the same reason).
         """
         try:
             return await trio.to_thread.run_sync(_insert_batch, self.connection, groups)
-        except _RolledBack as exc:
+        except (_RolledBack, _CommitUnknown) as exc:
             if not self.connection.broken and not self.connection.closed:
                 raise exc.error from None
+            unknown = isinstance(exc, _CommitUnknown)
         await self.prepare()
+        if unknown:
+            stored = await trio.to_thread.run_sync(_stored_sessions, self.connection, groups)
+            groups = [group for group in groups if group.session_id not in stored]
         try:
             return await trio.to_thread.run_sync(_insert_batch, self.connection, groups)
-        except _RolledBack as exc:
+        except (_RolledBack, _CommitUnknown) as exc:
             raise exc.error from None
 
     async def renew(self, leases: list[Lease]) -> list[Lease]:
@@ -643,6 +658,14 @@ class _RolledBack(Exception):
         self.error = error
 
 
+class _CommitUnknown(Exception):
+    """A batch's commit failed: whether it took is unknown (the connection broke)."""
+
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _insert_batch(connection: _Connection, groups: list[SessionRows]) -> dict[str, Refusal]:
     """Insert every admissible group in one transaction; the refused ones, by session.
 
@@ -651,7 +674,7 @@ def _insert_batch(connection: _Connection, groups: list[SessionRows]) -> dict[st
     committed meanwhile refuse their whole session (its inserted rows are
     deleted again before the commit). Any database error rolls the whole
     transaction back and propagates: as `_RolledBack` when it came before
-    the commit was sent, as itself when the commit's outcome is unknown.
+    the commit was sent, as `_CommitUnknown` when it came with the commit.
     """
     if not groups:
         return {}
@@ -664,9 +687,24 @@ def _insert_batch(connection: _Connection, groups: list[SessionRows]) -> dict[st
             body_done = True
     except psycopg.Error as exc:
         if body_done:
-            raise  # the commit itself failed: whether it took is unknown
+            raise _CommitUnknown(exc) from exc
         raise _RolledBack(exc) from exc
     return refused
+
+
+def _stored_sessions(connection: _Connection, groups: list[SessionRows]) -> set[str]:
+    """The sessions of `groups` whose rows are all stored, each with its own checksum."""
+    sessions = [row[0] for group in groups for row in group.rows]
+    seqs = [row[1] for group in groups for row in group.rows]
+    stored = {
+        (str(sid), int(seq)): int(checksum)
+        for sid, seq, checksum in connection.execute(_STORED_ROWS.encode(), (sessions, seqs))
+    }
+    return {
+        group.session_id
+        for group in groups
+        if all(stored.get((sid, seq)) == checksum for sid, seq, _, checksum in group.rows)
+    }
 
 
 def _insert_groups(
@@ -720,7 +758,7 @@ def _insert_batch_and_close(
     with connection:
         try:
             return _insert_batch(connection, groups)
-        except _RolledBack as exc:
+        except (_RolledBack, _CommitUnknown) as exc:
             raise exc.error from None
 
 

@@ -243,11 +243,32 @@ class Membership:
                 deadline = trio.current_time() + self.dead_after
                 failures = 0
         finally:
-            if link.connection is not None:
-                with trio.move_on_after(LEAVE_GRACE_SECONDS, shield=True):
-                    await trio.to_thread.run_sync(
-                        _leave_and_close, link.connection, info, abandon_on_cancel=True
-                    )
+            with trio.move_on_after(LEAVE_GRACE_SECONDS, shield=True):
+                await self._leave(link, info)
+
+    async def _leave(self, link: _Link, info: NodeInfo) -> None:
+        """Delete `info`'s row (announced) and close the link's connection.
+
+        The link may have lost its connection with the call in flight when
+        the node was stopped (its registration, just committed), or have a
+        broken one: the row is deleted on a new connection then, so a node
+        stopped the moment it joined does not linger in every view until
+        `dead_after`. A database that cannot be reached is logged: the row
+        then runs out by itself.
+        """
+        try:
+            if link.connection is not None and link.connection.broken:
+                link.connection.close()
+                link.connection = None
+            if link.connection is None:
+                await self._open(link)
+            assert link.connection is not None
+            connection, link.connection = link.connection, None
+            await trio.to_thread.run_sync(
+                _leave_and_close, connection, info, abandon_on_cancel=True
+            )
+        except MembershipError as exc:
+            log.warning("node %r: could not leave the membership: %s", info.node_id, exc)
 
     async def live_nodes(self) -> tuple[NodeInfo, ...]:
         """The nodes whose heartbeat is younger than `dead_after`, sorted by id.

@@ -52,6 +52,9 @@ CLIENT_QUEUE = 256
 MAX_NODE_FRAME = 16 * 1024 * 1024
 """The largest node-stream envelope (it may carry a batch of a client's frames)."""
 
+HANDSHAKE_SECONDS = 10.0
+"""How long a gateway may take to open a node stream (its websocket handshake)."""
+
 ENVELOPE_BYTES = 1024 * 1024
 """The frame bytes one envelope to a gateway carries at most (unless one frame is larger):
 a longer batch (a log replay) goes in several, so no envelope nears a gateway's 16 MiB limit."""
@@ -362,34 +365,43 @@ async def run_node(
                         with trio.CancelScope(shield=True), trio.move_on_after(1):
                             await websocket.aclose(CLOSE_GOING_AWAY, "node stream ended")
 
-                async with trio.open_nursery() as nursery:
+                async def serve_stream(stream: trio.SocketStream) -> None:
+                    # The websocket's reader task runs in this stream's own nursery, so
+                    # its failure (trio-websocket can fail answering a ping on a closing
+                    # connection) ends this stream only, never the node.
                     try:
-                        server: trio_websocket.WebSocketServer = await nursery.start(
-                            lambda task_status: trio_websocket.serve_websocket(
-                                handle,
-                                host,
-                                port,
-                                None,
-                                handler_nursery=nursery,
-                                max_message_size=MAX_NODE_FRAME,
-                                task_status=task_status,
-                            )
-                        )
-                    except OSError as exc:
-                        raise NodeError(
-                            f"node {node_id!r} cannot listen on {listen}: {exc}"
-                        ) from exc
-                    endpoint = f"ws://{_url_host(host)}:{server.port}"
+                        async with trio.open_nursery() as websocket_tasks:
+                            request: trio_websocket.WebSocketRequest | None = None
+                            with trio.move_on_after(HANDSHAKE_SECONDS):
+                                request = await trio_websocket.wrap_server_stream(
+                                    websocket_tasks, stream, max_message_size=MAX_NODE_FRAME
+                                )
+                            if request is not None:
+                                await handle(request)
+                            websocket_tasks.cancel_scope.cancel()
+                    except Exception:
+                        log.exception("node stream from a gateway failed")
+                    finally:
+                        await trio.aclose_forcefully(stream)
+
+                try:
+                    listeners = await trio.open_tcp_listeners(port, host=host)
+                except OSError as exc:
+                    raise NodeError(f"node {node_id!r} cannot listen on {listen}: {exc}") from exc
+                bound = listeners[0].socket.getsockname()[1]
+                async with trio.open_nursery() as nursery:
+                    endpoint = f"ws://{_url_host(host)}:{bound}"
                     gateway = node_gateway(
                         deployment,
                         profiles_of(deployment),
                         token,
                         node_id=node_id,
                         host=host,
-                        port=server.port,
+                        port=bound,
                     )
                     await nursery.start(gateway.fanout.run)
                     store.lease_lost = LostSessions(gateway=gateway, nursery=nursery).drop
+                    await nursery.start(trio.serve_listeners, serve_stream, listeners)
                     await nursery.start(membership.serve_node, node_id, endpoint)
                     view: MembershipView = await nursery.start(membership.serve_view)
                     nursery.start_soon(Rebalancer(gateway=gateway, view=view, node_id=node_id).run)

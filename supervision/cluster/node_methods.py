@@ -7,7 +7,11 @@ gateway, with three changes for the cluster:
   this node does not host, the node starts the session's agent, which takes
   the session's lease. A lease another live writer holds is answered
   `MOVED` (with `retryAfterMs`): the caller retries on the owner, or here
-  once the old lease expired.
+  once the old lease expired. So is a call for a session this node is
+  releasing (`supervision.cluster.node_rebalance`), also when the release
+  began while the call waited for the session's start, and a log
+  subscription whose session stopped being hosted here while it was set up
+  (it would follow a log this node no longer writes).
 - **`session/new` with a given id** (`_meta.harness.sessionId`), so the
   gateway can place a session before it exists.
 - **Exactly-once prompts and sends.** `session/prompt` and
@@ -39,7 +43,12 @@ from supervision.gateway.acp_methods import require_session, user_message
 from supervision.gateway.connection import DEFERRED, Call
 from supervision.gateway.cursors import PromptCursor
 from supervision.gateway.harness_methods import place_message
-from supervision.gateway.messages import NewSessionParams, PromptParams, SendParams
+from supervision.gateway.messages import (
+    LogSubscribeParams,
+    NewSessionParams,
+    PromptParams,
+    SendParams,
+)
 from supervision.gateway.methods import METHODS, Method
 from supervision.gateway.protocol import (
     INTERNAL_ERROR,
@@ -106,6 +115,16 @@ def _busy_cause(exc: BaseException) -> SessionBusyError | None:
     return None
 
 
+def _released(session_id: str) -> RpcError:
+    """The `MOVED` answer for a session this node is releasing: its owner takes it over
+    once the agent here is gone."""
+    return RpcError(
+        MOVED,
+        f"session {session_id!r} is being released by this node to its owner",
+        {"reason": "moved", "sessionId": session_id, "retryAfterMs": MOVED_RETRY_MS},
+    )
+
+
 def _lost_here(call: Call, lease: Lease | None) -> bool:
     """True when this node's store knows `lease` (a live agent's) was taken over."""
     store = call.gateway.runtime.store
@@ -118,18 +137,17 @@ async def host(call: Call, session_id: str) -> None:
     A session that is not stored is left for the handler to answer as not
     found.
 
+    Returns only with the session's agent running here and not being released.
+
     Raises:
-        RpcError: `MOVED` when another live writer holds the lease; -32603
-            when the agent fails to start for another reason.
+        RpcError: `MOVED` when another live writer holds the lease, or when this
+            node is releasing the session (or released it while this call
+            waited for its start); -32603 when the agent fails to start for
+            another reason.
     """
     directory = call.gateway.directory
     if closing_here(call.gateway, session_id):
-        # Being released to its owner: the owner takes it over once the agent is gone.
-        raise RpcError(
-            MOVED,
-            f"session {session_id!r} is being released by this node to its owner",
-            {"reason": "moved", "sessionId": session_id, "retryAfterMs": MOVED_RETRY_MS},
-        )
+        raise _released(session_id)
     for attempt in range(3):
         agent = directory.live_agent(session_id)
         if agent is not None:
@@ -141,7 +159,6 @@ async def host(call: Call, session_id: str) -> None:
             continue
         try:
             await directory.attach(session_id)
-            return
         except UnknownSessionError:
             return
         except SessionBusyError as exc:
@@ -159,6 +176,12 @@ async def host(call: Call, session_id: str) -> None:
             raise RpcError(
                 INTERNAL_ERROR, f"session {session_id!r} could not start on this node: {exc}"
             ) from exc
+        else:
+            if closing_here(call.gateway, session_id) or directory.live_agent(session_id) is None:
+                # Its release began (or ended) while this call waited for the start (its
+                # own, or another call's): no input may reach the agent on its way out.
+                raise _released(session_id)
+            return
 
 
 def _hosting(method: Method) -> Method:
@@ -329,6 +352,7 @@ async def send(params: NodeSendParams, call: Call) -> dict[str, Any]:
     await require_session(call, params.session_id)
     typed = user_message(params.content, "content")
     message = Message(role="user", content=typed.content, source=UserSource(request_id=request_id))
+    await host(call, params.session_id)
     agent = call.gateway.directory.live_agent(params.session_id)
     if agent is None:
         raise RpcError(INTERNAL_ERROR, f"session {params.session_id!r} stopped before the send")
@@ -339,6 +363,37 @@ async def send(params: NodeSendParams, call: Call) -> dict[str, Any]:
     place_message(agent, message, params.placement)
     index.queue(request_id)
     return accepted
+
+
+async def log_subscribe(params: LogSubscribeParams, call: Call) -> dict[str, Any]:
+    """`_harness/log/subscribe`, answered `MOVED` when the session stopped being hosted
+    here (its release began, or its lease was found lost) while the subscription was
+    being set up.
+
+    A subscription follows this node's commits of the session, and its subscribers
+    are told `_harness/log/moved` when the release (or the loss) begins; one set up
+    after that would see no event again. The check runs as the subscription is
+    registered, with no checkpoint between them.
+    """
+    result: dict[str, Any] = await METHODS["_harness/log/subscribe"].handler(params, call)
+    session_id = params.session_id
+    agent = call.gateway.directory.live_agent(session_id)
+    if (
+        closing_here(call.gateway, session_id)
+        or agent is None
+        or _lost_here(call, agent.session.lease)
+    ):
+        subscription = result["subscription"]
+        connection = call.connection
+        del connection.subscriptions[subscription]
+        connection.subscription_stops.pop(subscription)()
+        raise RpcError(
+            MOVED,
+            f"session {session_id!r} stopped being hosted by this node while the "
+            "subscription was set up",
+            {"reason": "moved", "sessionId": session_id, "retryAfterMs": MOVED_RETRY_MS},
+        )
+    return result
 
 
 async def stats(params: Any, call: Call) -> dict[str, Any]:
@@ -362,6 +417,8 @@ def _node_method(name: str, method: Method) -> Method:
         return _hosting(attrs.evolve(method, params=NodeSendParams, handler=send))
     if name == "_harness/stats":
         return attrs.evolve(method, handler=stats)
+    if name == "_harness/log/subscribe":
+        return _hosting(attrs.evolve(method, handler=log_subscribe))
     return _hosting(method)
 
 

@@ -12,7 +12,11 @@ rebalancing says so, so the owner is asked again after at most
 idle); a live holder that still has it after `holder_grace` (nothing told
 it to let go: it took the session over while its view differed) gets the
 call itself. A holder that is dead or frozen is waited out for
-`retryAfterMs`, the time its lease has left. A retried
+`retryAfterMs`, the time its lease has left. A node whose stream dropped
+with the call is skipped for the rest of it while the view stays the
+same, except when a `MOVED` names it as the holder: it is waited out like
+a dead holder, then asked again (still in the view, it renews its lease,
+so it is alive: a stream can drop under a live node). A retried
 `session/prompt` carries the same request id, so the node that takes the
 session over answers a prompt that was already logged from the log.
 
@@ -74,7 +78,7 @@ log = logging.getLogger(__name__)
 
 RETRY_DEADLINE_SECONDS = 60.0
 """How long a call may go unanswered (retried on `MOVED`, or held by a node) before it fails
--33003; the window starts again when a node is lost with the call."""
+-33003; the window starts again when a node is lost with the call (once per node and view)."""
 
 HOLDER_GRACE_SECONDS = 10.0
 """How long a call waits for a live holder to release a session (at its turn boundary)
@@ -171,6 +175,7 @@ class Router:
                 call, or since the last node lost with it).
         """
         excluded: set[str] = set()
+        lost: set[str] = set()
         version = self.view.version
         last = "no live node"
         asking: str | None = None
@@ -182,6 +187,7 @@ class Router:
             while True:
                 if self.view.version != version:
                     excluded.clear()
+                    lost.clear()
                     version = self.view.version
                 redirected = holder is not None
                 node = holder if holder is not None else self.owner_of(session_id, excluded)
@@ -208,9 +214,14 @@ class Router:
                     last = str(exc)
                     excluded.add(node.node_id)
                     self.retries += 1
-                    # A node lost with the call: the call starts over elsewhere, with a
-                    # whole retry window (a turn may rightly take long on its new node).
-                    deadline.deadline = trio.current_time() + self.retry_deadline
+                    if node.node_id not in lost:
+                        # A node lost with the call: the call starts over elsewhere, with a
+                        # whole retry window (a turn may rightly take long on its new node).
+                        # Once per node and view: a node whose stream keeps dropping while
+                        # the view keeps it (cut off from this gateway only) cannot hold
+                        # the call for ever.
+                        lost.add(node.node_id)
+                        deadline.deadline = trio.current_time() + self.retry_deadline
                     continue
                 asking = None
                 error = reply.get("error")
@@ -220,9 +231,15 @@ class Router:
                     data = data if isinstance(data, Mapping) else {}
                     self.retries += 1
                     pause = retry_after_ms(data.get("retryAfterMs"))
-                    live = None
-                    if not redirected and data.get("holderNode") not in excluded:
-                        live = self.live_holder(data.get("holderNode"), node)
+                    live = None if redirected else self.live_holder(data.get("holderNode"), node)
+                    if live is not None and live.node_id in excluded:
+                        # Its stream dropped with this call, yet the view still has it:
+                        # wait out its lease as a dead holder's, then ask it again. A dead
+                        # holder has left the view by then; one still in it renews its
+                        # lease (a stream can drop under a live node), and skipping it for
+                        # the rest of the call would leave its session unanswered.
+                        excluded.discard(live.node_id)
+                        live = None
                     if live is None:
                         # The holder is dead or frozen: its lease runs out after the pause.
                         held_since = None
@@ -379,18 +396,30 @@ class RouterClient:
     # -- subscriptions -----------------------------------------------------------
 
     def serve(self, subscription: RoutedSubscription, node_id: str, node_sub: str) -> None:
-        """Record `node_id` serving `subscription` as `node_sub`; pass on what it sent already."""
+        """Record `node_id` serving `subscription` as `node_sub`; pass on what it sent already.
+
+        What the node sent may end it already (`_harness/log/moved` right behind its
+        reply), and the node's stream may have dropped since it replied: either way,
+        the subscription is resumed at once, as it would have been once served.
+        """
         subscription.node_id, subscription.node_subscription = node_id, node_sub
         self._served[(node_id, node_sub)] = subscription
         self.subscriptions[subscription.id] = subscription
         self.router.subscribed.setdefault(subscription.session_id, set()).add(subscription)
+        ended = False
         for message in self._unrouted.pop((node_id, node_sub), []):
             self._count_unrouted(-1)
-            self._log_notification(subscription, message)
+            if message.get("method") == "_harness/log/moved":
+                ended = True
+            else:
+                self._log_notification(subscription, message)
         if not self.subscribing:
             # What is left belongs to subscriptions that ended (or moved) meanwhile.
             self._unrouted.clear()
             self._unrouted_count = 0
+        link = self.router.links.get(node_id)
+        if ended or link is None or link.down is not None:
+            self.resume(subscription)
 
     def drop(self, subscription: RoutedSubscription) -> None:
         """Forget `subscription` (unsubscribed, or its connection ended)."""
@@ -531,9 +560,13 @@ class RouterClient:
             else:
                 self._log_notification(served, message)
         elif method == "_harness/log/moved":
-            moved = self._served.get((node_id, str(params.get("subscription"))))
+            key = (node_id, str(params.get("subscription")))
+            moved = self._served.get(key)
             if moved is not None:
                 self.resume(moved)
+            elif self.subscribing:  # it may end a subscription whose reply is not handled yet
+                self._unrouted.setdefault(key, []).append(message)
+                self._count_unrouted(1)
         elif method == "session/update":
             # Paced as the single-process gateway paces a prompt's updates: the log lane.
             self.connection.relay_log(message)

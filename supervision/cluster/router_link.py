@@ -7,12 +7,16 @@ waiting caller; notifications are handed to the client they belong to (by
 the envelope's client key). When the websocket drops, every waiting call
 fails with `NodeDown` at once, so the router can retry it elsewhere.
 
-The link pings the node every `ping_interval` seconds; a pong that does
-not come within `ping_timeout` drops the link the same way, so a node
-that froze (stopped, or cut off) while its TCP connection stays open is
-given up within seconds, not when a call's retry deadline runs out. The
-node's websocket answers pings from its reader task, so a node that is
-alive but slow to answer one call is not dropped.
+The link pings the node every `ping_interval` seconds; a node that sends
+nothing within `ping_timeout` of a ping, neither its pong nor any other
+frame, has its link dropped the same way, so a node that froze (stopped,
+or cut off) while its TCP connection stays open is given up within
+seconds, not when a call's retry deadline runs out. The node's websocket
+answers pings from its reader task, so a node that is alive but slow to
+answer one call is not dropped; nor is one whose pong is held up on a
+busy stream (a node's websocket answers a ping only once it has taken in
+the frames before it, and the pong goes out behind the envelopes queued
+before it): every frame that arrives shows the node alive.
 """
 
 from __future__ import annotations
@@ -120,6 +124,9 @@ class NodeLink:
     _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
     _send: trio.MemorySendChannel[str] | None = None
     _cancel: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _pinging: trio.CancelScope | None = None
+    """The wait for the pong of the ping out (None between pings): each frame from the
+    node moves its deadline, since a node that sends is not frozen."""
 
     @property
     def node_id(self) -> str:
@@ -200,14 +207,17 @@ class NodeLink:
                 while True:
                     await trio.sleep(self.ping_interval)
                     with trio.move_on_after(self.ping_timeout) as timeout:
+                        self._pinging = timeout
                         try:
                             await websocket.ping()
                         except trio_websocket.ConnectionClosed:
                             return  # the reader sees the close too
+                        finally:
+                            self._pinging = None
                     if timeout.cancelled_caught:
                         reason = (
                             f"node {self.node_id!r} did not answer a ping "
-                            f"within {self.ping_timeout:g} s"
+                            f"within {self.ping_timeout:g} s, nor send anything else"
                         )
                         self._fail(reason)  # its callers retry now, not after the close
                         nursery.cancel_scope.cancel()
@@ -218,6 +228,8 @@ class NodeLink:
             try:
                 while True:
                     text = await websocket.get_message()
+                    if self._pinging is not None:
+                        self._pinging.deadline = trio.current_time() + self.ping_timeout
                     self._deliver(wire.parse(text))
             except trio_websocket.ConnectionClosed as exc:
                 reason = f"node {self.node_id!r} closed its stream: {exc.reason}"

@@ -1,107 +1,35 @@
 """Node-stream keep-alive: a node frozen mid-call is dropped within seconds, a slow one is not.
 
-The nodes here are in-process fakes behind in-memory streams (so the clock
-can jump): each answers `initialize` and then either answers calls, answers
-them late, or freezes (reads and writes nothing more, its stream still open).
+The nodes here are fakes behind in-memory streams (`tests.cluster.fake_nodes`,
+so the clock can jump): each answers `initialize` and then either answers
+calls, answers them late, keeps sending while it reads nothing, or freezes
+(reads and writes nothing more, its stream still open).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import pytest
 import trio
 import trio.testing
-import trio_websocket
 
-from supervision.cluster import MembershipView, owner, wire
-from supervision.cluster.membership import NodeInfo
 from supervision.cluster.router import Router, RouterClient
+from supervision.cluster.wire import MOVED
 from supervision.gateway.connection import Connection
+from tests.cluster.fake_nodes import (
+    FakeCall,
+    answer_at_once,
+    answered_by,
+    freeze,
+    nodes_at,
+    session_owned_by,
+)
 
 
-class FreezableStream(trio.abc.Stream):
-    """A stream that, once `frozen`, neither delivers what arrives nor sends (a stopped process)."""
-
-    def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
-        self.frozen = False
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        data = await self.inner.receive_some(max_bytes)
-        if self.frozen:
-            await trio.sleep_forever()
-        return bytes(data)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        if self.frozen:
-            await trio.sleep_forever()
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-Behaviour = Callable[[FreezableStream], Awaitable[None]]
-
-
-async def freeze(stream: FreezableStream) -> None:
-    stream.frozen = True
-    await trio.sleep_forever()
-
-
-async def answer_late(stream: FreezableStream) -> None:
+async def answer_late(call: FakeCall) -> dict[str, Any]:
     await trio.sleep(30)  # a long turn: the node's websocket still answers pings meanwhile
-
-
-async def answer_at_once(stream: FreezableStream) -> None:
-    return None
-
-
-async def fake_node(name: str, stream: FreezableStream, on_call: Behaviour) -> None:
-    async with trio.open_nursery() as nursery:
-        request = await trio_websocket.wrap_server_stream(nursery, stream)
-        websocket = await request.accept()
-        while True:
-            envelope = wire.parse(await websocket.get_message())
-            for text in envelope.texts:
-                message = json.loads(text)
-                if message.get("method") != "initialize":
-                    await on_call(stream)
-                if "id" in message:
-                    reply = {"jsonrpc": "2.0", "id": message["id"], "result": {"node": name}}
-                    await websocket.send_message(wire.to_gateway(envelope.key, [json.dumps(reply)]))
-
-
-def nodes_at(
-    monkeypatch: pytest.MonkeyPatch, nursery: trio.Nursery, behaviours: dict[str, Behaviour]
-) -> MembershipView:
-    """A view of fake nodes `NAME.test:1`, each reached through an in-memory stream."""
-
-    async def open_stream(host: str, port: int) -> trio.abc.Stream:
-        name = host.removesuffix(".test")
-        ours, theirs = trio.testing.memory_stream_pair()
-        nursery.start_soon(fake_node, name, FreezableStream(theirs), behaviours[name])
-        return ours
-
-    monkeypatch.setattr(trio, "open_tcp_stream", open_stream)
-    view = MembershipView()
-    view._update(
-        tuple(
-            NodeInfo(node_id=name, endpoint=f"ws://{name}.test:1", incarnation="1")
-            for name in behaviours
-        )
-    )
-    return view
-
-
-def session_owned_by(name: str, nodes: list[str]) -> str:
-    return next(sid for sid in (f"s-{i}" for i in range(1000)) if owner(sid, nodes) == name)
+    return answered_by(call)
 
 
 async def test_a_node_frozen_mid_call_is_dropped_and_the_call_retried_elsewhere(
@@ -134,6 +62,79 @@ async def test_a_node_slow_to_answer_one_call_keeps_its_stream(
         assert (node_id, reply["result"]) == ("slow", {"node": "slow"})
         assert router.retries == 0
         assert router.links["slow"].down is None
+        nursery.cancel_scope.cancel()
+
+
+async def stream_updates_unread(call: FakeCall) -> dict[str, Any]:
+    # A node busy streaming (its reader held up behind the frames it sends, as when the
+    # gateway reads slowly): it takes in nothing more, so pings go unanswered, while its
+    # updates keep coming for longer than the ping timeout.
+    call.stream.deaf = True
+    for n in range(40):
+        await call.notify("session/update", {"n": n})
+        await trio.sleep(0.5)
+    return answered_by(call)
+
+
+async def test_a_node_that_keeps_sending_keeps_its_stream_while_its_pong_waits(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with trio.open_nursery() as nursery:
+        view = nodes_at(monkeypatch, nursery, {"busy": stream_updates_unread})
+        router = Router(view=view, secret="s", nursery=nursery, ping_interval=1.0, ping_timeout=2.0)
+        link = router.link(view.nodes[0])
+        updates: list[Any] = []
+        reply = await link.call(
+            "k", lambda _, message: updates.append(message), "session/prompt", {"sessionId": "s"}
+        )
+        assert reply["result"] == {"node": "busy"}
+        assert len(updates) == 40
+        assert link.down is None
+        nursery.cancel_scope.cancel()
+
+
+LEASE_LEFT_MS = 4000
+
+
+async def frozen_on_its_first_stream(call: FakeCall) -> dict[str, Any]:
+    # Its first stream stalls (the gateway drops it), yet the node stays in the view and
+    # keeps its lease: a later stream reaches it as usual.
+    if call.stream_number == 0:
+        return await freeze(call)
+    return answered_by(call)
+
+
+async def moved_to_holder(call: FakeCall) -> dict[str, Any]:
+    # The other node cannot take the session: the holder's lease is renewed, always
+    # LEASE_LEFT_MS from running out.
+    data = {
+        "reason": "moved",
+        "sessionId": call.message["params"]["sessionId"],
+        "retryAfterMs": LEASE_LEFT_MS,
+        "holderNode": "holder",
+    }
+    return {"error": {"code": MOVED, "message": "held by node 'holder'", "data": data}}
+
+
+async def test_a_live_holder_whose_stream_dropped_with_the_call_is_asked_again(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The call's node drops (its stream stalled) but stays in the view and keeps the
+    # session's lease; the next node answers MOVED naming it. Once its lease would have
+    # run out, were it dead, it is asked again on a new stream (before, it was skipped
+    # for the rest of the call, every MOVED waited out as a dead holder's, and the call
+    # failed -33003 at its deadline).
+    async with trio.open_nursery() as nursery:
+        view = nodes_at(
+            monkeypatch, nursery, {"holder": frozen_on_its_first_stream, "other": moved_to_holder}
+        )
+        router = Router(view=view, secret="s", nursery=nursery, ping_interval=1.0, ping_timeout=2.0)
+        client = RouterClient(router=router, connection=cast(Connection, None), key="k")
+        sid = session_owned_by("holder", ["holder", "other"])
+        started = trio.current_time()
+        node_id, reply = await router.forward(client, sid, "session/prompt", {"sessionId": sid})
+        assert (node_id, reply["result"]) == ("holder", {"node": "holder"})
+        assert trio.current_time() - started <= 1.0 + 2.0 + LEASE_LEFT_MS / 1000 + 0.5
         nursery.cancel_scope.cancel()
 
 

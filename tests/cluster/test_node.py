@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import psycopg
 import pytest
 import trio
 import trio_websocket
+from wsproto.utilities import LocalProtocolError
 
 from actors.messages import UserSource
 from actors.session.events import TurnStart, UserMessage
@@ -164,6 +166,54 @@ async def test_a_gateway_sending_garbage_loses_its_stream_not_the_node(postgres_
             new = await good.call("session/new", {"cwd": "/", "mcpServers": []})
             assert new["sessionId"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_stream_whose_websocket_fails_is_lost_not_the_node(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # trio-websocket's reader task can raise while answering a ping on a connection that
+    # is closing (LocalProtocolError: "Pong cannot be sent in state LOCAL_CLOSING"), as
+    # a node woken from SIGSTOP did; that task runs beside the stream's handler, and its
+    # failure once took the whole node down.
+    async def failing_pong(self: Any, event: Any) -> None:
+        raise LocalProtocolError(f"Event {event.response()} cannot be sent in state CLOSING.")
+
+    failed = trio.Event()
+
+    class Failures(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "node stream from a gateway failed":
+                failed.set()
+
+    failures = Failures()
+    logger = logging.getLogger("supervision.cluster.node")
+    logger.addHandler(failures)
+    try:
+        config = cluster_config(postgres_dsn)
+        async with trio.open_nursery() as nursery:
+            endpoint = await nursery.start(
+                lambda task_status: run_node(config, node_id="p", task_status=task_status)
+            )
+            with monkeypatch.context() as patched:
+                patched.setattr(
+                    trio_websocket.WebSocketConnection, "_handle_ping_event", failing_pong
+                )
+                async with raw_node_client(endpoint) as pinging, trio.open_nursery() as pings:
+                    # Its pong never comes (nor does trio-websocket end the wait at the close).
+                    pings.start_soon(pinging.websocket.ping, b"are you there")
+                    with trio.fail_after(10):
+                        with pytest.raises(trio_websocket.ConnectionClosed):
+                            while True:  # the end of its virtual connection, then the close
+                                await pinging.websocket.get_message()
+                    pings.cancel_scope.cancel()
+            with trio.fail_after(10):
+                await failed.wait()  # logged by the node, which goes on
+            async with raw_node_client(endpoint) as good:
+                new = await good.call("session/new", {"cwd": "/", "mcpServers": []})
+                assert new["sessionId"]
+            nursery.cancel_scope.cancel()
+    finally:
+        logger.removeHandler(failures)
 
 
 async def test_a_prompt_sent_again_after_its_connection_ended_follows_its_turn(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -13,7 +14,10 @@ from supervision.cluster import MembershipView, owner
 from supervision.cluster.membership import NodeInfo
 from supervision.cluster.node_methods import NODE_METHODS
 from supervision.cluster.node_rebalance import Rebalancer
+from supervision.cluster.wire import MOVED
+from supervision.gateway import Gateway
 from supervision.gateway.methods import MethodTable
+from supervision.gateway.sessions import SessionDirectory
 from tests.gateway.helpers import connect, running_gateway
 
 
@@ -116,4 +120,121 @@ async def test_a_session_started_here_while_owned_elsewhere_is_released_once_idl
                 assert rebalancer.releases == 1
                 assert directory.live_agent(stored["other"]) is None  # released to its owner
                 assert directory.live_agent(stored["me"]) is not None  # owned here: kept
+            nursery.cancel_scope.cancel()
+
+
+async def stored_session_owned_by(gateway: Gateway, name: str, nodes: list[str]) -> str:
+    """A stored session (its agent not running) whose owner over `nodes` is `name`."""
+    while True:
+        agent = await gateway.directory.create(profile="default", owner=None)
+        await gateway.directory.close(agent.session.id)
+        if owner(agent.session.id, nodes) == name:
+            return agent.session.id
+
+
+def view_of(*names: str) -> MembershipView:
+    view = MembershipView()
+    view._update(
+        tuple(
+            NodeInfo(node_id=name, endpoint="ws://127.0.0.1:1", incarnation="1") for name in names
+        )
+    )
+    return view
+
+
+def on_removed(gateway: Gateway, session_id: str) -> trio.Event:
+    """Set once the directory stops `session_id`'s agent."""
+    removed = trio.Event()
+    gateway.directory.on_change(
+        lambda sid, change, _: removed.set() if (sid, change) == (session_id, "removed") else None
+    )
+    return removed
+
+
+async def test_a_subscription_set_up_while_its_session_is_released_is_answered_moved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The subscribe takes the session over here; the node releases it at once (owned
+    # elsewhere, idle) while the subscribe still reads the log's head. Registered after
+    # its subscribers were told `_harness/log/moved`, it would follow a log this node no
+    # longer writes, silent for ever: it is answered MOVED instead (the gateway asks the
+    # owner).
+    async with running_gateway() as gateway:
+        gateway.methods = MethodTable(methods=NODE_METHODS)
+        async with connect(gateway) as client, trio.open_nursery() as nursery:
+            with trio.fail_after(30):
+                sid = await stored_session_owned_by(gateway, "other", ["me", "other"])
+                head_read = trio.Event()
+                read_head = Gateway.head_seq
+
+                async def held_head_seq(self: Gateway, session_id: str) -> int:
+                    await head_read.wait()
+                    return await read_head(self, session_id)
+
+                monkeypatch.setattr(Gateway, "head_seq", held_head_seq)
+                released = on_removed(gateway, sid)
+                rebalancer = Rebalancer(
+                    gateway=gateway, view=view_of("me", "other"), node_id="me", takeover_grace=0
+                )
+                nursery.start_soon(rebalancer.run)
+                await client.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "_harness/log/subscribe",
+                        "params": {"sessionId": sid, "fromSeq": 0},
+                    }
+                )
+                await released.wait()
+                head_read.set()
+                reply = await client.answer(1)
+                assert reply["error"]["code"] == MOVED, reply
+                (connection,) = gateway.connections
+                assert connection.subscriptions == {}
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_send_whose_session_is_released_while_it_starts_is_answered_moved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The send takes the session over here and the node releases it (owned elsewhere,
+    # idle) before the send, held up after the start, queues its message: it is answered
+    # MOVED (the gateway asks the owner), not failed because the agent stopped.
+    async with running_gateway() as gateway:
+        gateway.methods = MethodTable(methods=NODE_METHODS)
+        async with connect(gateway) as client, trio.open_nursery() as nursery:
+            with trio.fail_after(30):
+                sid = await stored_session_owned_by(gateway, "other", ["me", "other"])
+                started = trio.Event()
+                attach = SessionDirectory.attach
+
+                async def held_attach(self: SessionDirectory, session_id: str) -> Any:
+                    agent = await attach(self, session_id)
+                    await started.wait()
+                    return agent
+
+                monkeypatch.setattr(SessionDirectory, "attach", held_attach)
+                released = on_removed(gateway, sid)
+                rebalancer = Rebalancer(
+                    gateway=gateway, view=view_of("me", "other"), node_id="me", takeover_grace=0
+                )
+                nursery.start_soon(rebalancer.run)
+                await client.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "_harness/session/send",
+                        "params": {
+                            "sessionId": sid,
+                            "content": [{"type": "text", "text": "later"}],
+                            "placement": "next_turn",
+                            "_meta": {"harness": {"requestId": "req-1"}},
+                        },
+                    }
+                )
+                await released.wait()
+                await trio.testing.wait_all_tasks_blocked()  # the release is over
+                started.set()
+                reply = await client.answer(1)
+                assert reply["error"]["code"] == MOVED, reply
             nursery.cancel_scope.cancel()

@@ -9,7 +9,9 @@ as a stalled or dead owner's would.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -22,6 +24,7 @@ from actors.session import (
     SessionError,
     SessionFencedError,
     UnknownEventError,
+    postgres_store,
 )
 from actors.session.checksum import event_checksum
 from actors.session.postgres_schema import SCHEMA_VERSION, SchemaVersionError
@@ -351,6 +354,43 @@ async def test_a_lease_lost_to_a_refused_commit_is_reported_once(postgres_dsn: s
     assert stored_seqs(postgres_dsn, "s") == []
 
 
+async def test_a_refusal_that_comes_after_its_lease_was_given_up_is_no_undurable_data(
+    postgres_dsn: str,
+) -> None:
+    # The writer gave up waiting for a slow commit and released its lease (as an
+    # agent's shutdown does after its write grace); then the commit refused the append
+    # as a stale writer's. That refusal used to break the session for good, so the
+    # store's last flush reported undurable data and a node exited 1 on SIGTERM.
+    old_store, new_store = PostgresStore(postgres_dsn), PostgresStore(postgres_dsn)
+    backend = PostgresBackend(postgres_dsn)
+    leases = {}
+    for session_id in ("z", "s"):
+        await old_store.create(session_id)
+        leases[session_id] = await old_store.acquire_lease(session_id, owner="old")
+    expire_lease(postgres_dsn, "s")
+    await new_store.acquire_lease("s", owner="new")
+    async with serving(old_store), trio.open_nursery() as nursery:
+        with backend.write_locked():
+            await old_store.append("z", [turn_start(0)], lease=leases["z"])
+            await trio.testing.wait_all_tasks_blocked()  # the writer is stuck on "z"
+            await old_store.append("s", [turn_start(0)], lease=leases["s"])
+            waiting = trio.Event()
+
+            async def flush_s() -> None:
+                waiting.set()
+                with pytest.raises(SessionFencedError, match=r"refused session 's' seq 0\.\.0"):
+                    await old_store.flush("s")  # one waiting for it still hears of it
+
+            nursery.start_soon(flush_s)
+            await waiting.wait()
+            await old_store.release_lease(leases["s"])
+        await old_store.flush("z")
+        await old_store.flush()
+        stats = old_store.statistics()
+        assert (stats.failed_appends, stats.fenced_appends, stats.broken_sessions) == (1, 1, 0)
+    assert stored_seqs(postgres_dsn, "s") == []
+
+
 async def test_a_busy_lease_says_when_it_runs_out(postgres_dsn: str) -> None:
     holder = PostgresStore(postgres_dsn, lease_ttl=4.0)
     await holder.acquire_lease("s", owner="node-a")
@@ -461,6 +501,81 @@ async def test_a_writer_connection_lost_before_a_commit_is_replaced_and_the_batc
         assert store.statistics().reconnects == 1
     assert stored_seqs(postgres_dsn, "s") == [0]
     assert stored_seqs(postgres_dsn, "t") == [0]
+
+
+def end_the_writers_session(dsn: str) -> None:
+    """End the writer's server session and wait until it is gone (from another connection)."""
+    sql(
+        dsn,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = 'harness writer'",
+    )
+    for _ in range(1000):
+        if not sql(dsn, "SELECT 1 FROM pg_stat_activity WHERE application_name = 'harness writer'"):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the writer's server session did not end")
+
+
+async def test_a_writer_connection_lost_as_its_commit_is_sent_writes_the_batch_once(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As when the writer's process stalls right before its COMMIT (SIGSTOP) and the
+    # server ends the transaction left idle: the COMMIT then fails, and whether it took
+    # is unknown. It did not: the batch is written on a new connection. (It used to
+    # fail, and a node woken from SIGSTOP exited 1 reporting undurable appends.)
+    insert_groups = postgres_store._insert_groups
+    ended: list[bool] = []
+
+    def then_stall(connection: Any, *args: Any) -> None:
+        insert_groups(connection, *args)
+        if not ended:
+            ended.append(True)
+            end_the_writers_session(postgres_dsn)
+
+    monkeypatch.setattr(postgres_store, "_insert_groups", then_stall)
+    store = PostgresStore(postgres_dsn)
+    for session_id in ("s", "t"):
+        await store.create(session_id)
+    async with serving(store):
+        await store.append("s", [turn_start(0)])
+        await store.append("t", [turn_start(0)])
+        await store.flush()
+        assert store.statistics().reconnects == 1
+    assert stored_seqs(postgres_dsn, "s") == [0]
+    assert stored_seqs(postgres_dsn, "t") == [0]
+
+
+async def test_a_commit_that_took_though_its_answer_was_lost_is_not_written_again(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The COMMIT took, but the connection broke before its answer came: the rows are
+    # found stored on a new connection, and only the session they lack runs again.
+    insert_batch = postgres_store._insert_batch
+    batches: list[list[str]] = []
+
+    def answer_lost(connection: psycopg.Connection[Any], groups: list[Any]) -> Any:
+        batches.append([group.session_id for group in groups])
+        if batches[-1] != ["s", "t"]:
+            return insert_batch(connection, groups)
+        insert_batch(connection, groups[:1])  # "s" commits, "t" never reached the server
+        connection.close()
+        raise postgres_store._CommitUnknown(psycopg.OperationalError("connection lost"))
+
+    monkeypatch.setattr(postgres_store, "_insert_batch", answer_lost)
+    store = PostgresStore(postgres_dsn)
+    for session_id in ("z", "s", "t"):
+        await store.create(session_id)
+    async with serving(store):
+        with PostgresBackend(postgres_dsn).write_locked():
+            await store.append("z", [turn_start(0)])
+            await trio.testing.wait_all_tasks_blocked()  # the writer is stuck on "z"
+            await store.append("s", [turn_start(0)])
+            await store.append("t", [turn_start(0)])
+        await store.flush()
+        assert store.statistics().reconnects == 1
+    assert [batch for batch in batches if batch] == [["z"], ["s", "t"], ["t"]]
+    assert [stored_seqs(postgres_dsn, sid) for sid in "zst"] == [[0], [0], [0]]
 
 
 async def test_a_writer_that_cannot_reconnect_fails_the_batch(postgres_dsn: str) -> None:

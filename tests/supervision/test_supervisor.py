@@ -9,9 +9,11 @@ import trio
 import trio.testing
 
 from supervision import (
+    ChildHost,
     ChildSpec,
     ChildStartError,
     DuplicateChildError,
+    HostedChildSpec,
     NotRunningError,
     RestartIntensityError,
     Supervisor,
@@ -296,3 +298,68 @@ async def test_other_strategies_start_children_one_at_a_time(
                 spec = ChildSpec(id=f"c{index}", start=slow_start(1.0, log, f"c{index}"))
                 nursery.start_soon(supervisor.start_child, spec)
         assert trio.current_time() - begun == pytest.approx(3.0)
+
+
+async def test_one_for_one_children_stop_side_by_side(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A node giving a hundred sessions back to a joining node stops a hundred agents,
+    # each writing as it stops: one slow stop must not hold up the others, nor the
+    # start of another child (a session taken over meanwhile).
+    stops: list[str] = []
+
+    def slow_stop(name: str) -> Callable[..., Awaitable[None]]:
+        async def start(task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+            task_status.started(name)
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(1.0)
+                    stops.append(name)
+
+        return start
+
+    async with serving(Supervisor(name="s")) as supervisor:
+        for index in range(5):
+            await supervisor.start_child(ChildSpec(id=f"c{index}", start=slow_stop(f"c{index}")))
+        begun = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for index in range(5):
+                nursery.start_soon(supervisor.terminate_child, f"c{index}")
+            await trio.testing.wait_all_tasks_blocked()
+            await supervisor.start_child(ChildSpec(id="new", start=worker("new", [])))
+            assert trio.current_time() == begun  # not after the stops
+        assert trio.current_time() - begun == pytest.approx(1.0)
+        assert sorted(stops) == [f"c{i}" for i in range(5)]
+        assert [child.id for child in supervisor.children()] == ["new"]
+
+
+async def test_a_hosted_child_that_crashes_while_one_for_one_terminates_it_is_not_restarted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Its crash's stop is under way when the termination comes: the termination waits
+    # for that stop, outside the supervisor's lock, while the crash is reported.
+    stops: list[int] = []
+    release = trio.Event()
+
+    async def start(host: ChildHost) -> int:
+        async def crash() -> None:
+            await release.wait()
+            raise RuntimeError("the hosted task broke")
+
+        host.start_soon(crash)
+        return len(stops)
+
+    async def stop(value: int) -> None:
+        await trio.sleep(1.0)
+        stops.append(value)
+
+    async with serving(Supervisor(name="s")) as supervisor:
+        child = await supervisor.start_child(HostedChildSpec(id="w", start=start, stop=stop))
+        release.set()
+        await trio.testing.wait_all_tasks_blocked()  # the crash's stop has begun
+        exit = await supervisor.terminate_child("w")
+        await trio.testing.wait_all_tasks_blocked()
+        assert (exit.reason, child.state, supervisor.children()) == ("terminated", "stopped", [])
+        assert (stops, child.restarts) == ([0], 0)
