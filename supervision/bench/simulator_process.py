@@ -360,12 +360,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         _serve_uvicorn(app)
 
 
-def _serve_uvicorn(app: SimulatorApp) -> None:
-    """HTTP/1.1 on asyncio; the socket is bound and listening before the URL is printed."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def listening_socket() -> socket.socket:
+    """A TCP socket listening on a free loopback port, whose connections send without delay.
+
+    Made with `IPPROTO_TCP` named: asyncio turns Nagle's algorithm off
+    (`TCP_NODELAY`) only on sockets whose protocol says TCP, and a socket
+    made with protocol 0 does not, nor do the connections it accepts. With
+    Nagle on, a response's second write (its body, after the headers) waited
+    for the client's delayed ACK: 40 ms more per request.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     listener.bind(("127.0.0.1", 0))
     listener.listen(BACKLOG)
+    return listener
+
+
+def _serve_uvicorn(app: SimulatorApp) -> None:
+    """HTTP/1.1 on asyncio; the socket is bound and listening before the URL is printed."""
+    listener = listening_socket()
     host, port = listener.getsockname()
     config = uvicorn.Config(
         app,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,7 @@ from supervision.bench.report import format_table, write_plot
 from supervision.bench.simulator_process import (
     GC_THRESHOLDS,
     BenchEngine,
+    listening_socket,
     physical_hit_limit,
     start_simulator_process,
     tune_gc,
@@ -232,6 +235,30 @@ def test_the_simulator_process_serves_chat_and_its_routes(http2: bool) -> None:
         assert sim.accounting().chat_requests == 0
         assert sim.cpu_seconds() > 0
     assert sim.process.poll() is not None
+
+
+def test_the_simulator_process_accepts_connections_that_send_without_nagles_delay() -> None:
+    # What Uvicorn does with the listener: asyncio accepts on it and wraps each connection.
+    async def accepted_nodelay() -> int:
+        listener = listening_socket()
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                sock = transport.get_extra_info("socket")
+                accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Probe, sock=listener)
+        _, writer = await asyncio.open_connection(*listener.getsockname())
+        try:
+            return await asyncio.wait_for(accepted, 10)
+        finally:
+            writer.close()
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(accepted_nodelay()) != 0
 
 
 def test_the_parallel_benchmark_spreads_its_connections_over_256_pools_by_default() -> None:
