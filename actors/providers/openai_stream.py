@@ -123,16 +123,16 @@ class StreamParser:
         unchanged. Events after the one that ends the stream are ignored.
         """
         try:
-            events = self._decoder.feed(data)
+            events = self._decoder.feed_data(data)
         except SSEError as exc:
             self.fail(Failure(code="event_too_large", message=str(exc)))
             return []
-        chunks: list[Chunk] = []
+        runs = _Runs()
         for event in events:
-            chunks += self._handle(event.data)
+            self._handle(event, runs)
             if self.outcome is not None:
                 break
-        return _joined(chunks) if len(chunks) > 1 else chunks
+        return runs.chunks()
 
     def fail(self, failure: Failure) -> None:
         """End the stream with `failure` (for failures found outside the body)."""
@@ -145,17 +145,18 @@ class StreamParser:
             return [self.outcome]
         return [UsageChunk(usage=self._usage), self.outcome]
 
-    def _handle(self, data: str) -> list[Chunk]:
+    def _handle(self, data: str, runs: _Runs) -> None:
+        """Add one event's deltas to `runs` (all of them, or none if the event is malformed)."""
         stripped = data.strip()
         if not stripped or stripped.startswith(":"):
-            return []  # a data-only keep-alive ("data: : keep-alive")
+            return  # a data-only keep-alive ("data: : keep-alive")
         self.data_events += 1
         if stripped == "[DONE]":
             self.done = True
             self.outcome = self._finish()
-            return []
+            return
         try:
-            return self._event(data)
+            deltas = self._event(data)
         except _Malformed as exc:
             self.fail(
                 Failure(
@@ -163,12 +164,14 @@ class StreamParser:
                     message=f"malformed stream event ({exc}): {excerpt(data)!r}",
                 )
             )
-            return []
+            return
         except _TooManyToolCalls as exc:
             self.fail(Failure(code="too_many_tool_calls", message=str(exc)))
-            return []
+            return
+        for delta in deltas:
+            runs.add(delta)
 
-    def _event(self, data: str) -> list[Chunk]:
+    def _event(self, data: str) -> list[_Delta]:
         try:
             obj = json.loads(data)
         except ValueError as exc:
@@ -186,32 +189,36 @@ class StreamParser:
             if not isinstance(usage, dict):
                 raise _Malformed("usage is not an object")
             self._usage = parse_usage(usage)
-        chunks: list[Chunk] = []
+        deltas: list[_Delta] = []
         for choice in _optional_list(obj, "choices"):
             if not isinstance(choice, dict):
                 raise _Malformed("a choice is not an object")
             if choice.get("index", 0) != 0:
                 continue
-            self._choice(choice, chunks)
-        return chunks
+            self._choice(choice, deltas)
+        return deltas
 
-    def _choice(self, choice: dict[str, Any], chunks: list[Chunk]) -> None:
+    def _choice(self, choice: dict[str, Any], deltas: list[_Delta]) -> None:
         delta = _optional_object(choice, "delta", "delta")
         reasoning = _optional_str(delta, "reasoning_content")
         if reasoning:
-            chunks.append(ReasoningDelta(text=reasoning))
+            deltas.append((ReasoningDelta, reasoning, 0, None, None))
         content = _optional_str(delta, "content")
         if content:
-            chunks.append(TextDelta(text=content))
-        for position, call in enumerate(_optional_list(delta, "tool_calls")):
-            delta_chunk = self._tool_call(position, call)
-            if delta_chunk is not None:
-                chunks.append(delta_chunk)
+            deltas.append((TextDelta, content, 0, None, None))
+        calls = delta.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise _Malformed("tool_calls is not a list")
+            for position, call in enumerate(calls):
+                call_delta = self._tool_call(position, call)
+                if call_delta is not None:
+                    deltas.append(call_delta)
         reason = _optional_str(choice, "finish_reason")
         if reason is not None:
             self._finish_reason = reason
 
-    def _tool_call(self, position: int, call: object) -> ToolCallDelta | None:
+    def _tool_call(self, position: int, call: object) -> _Delta | None:
         if not isinstance(call, dict):
             raise _Malformed("a tool call is not an object")
         index = _count(call.get("index", position))
@@ -236,7 +243,7 @@ class StreamParser:
         state.name_sent = state.name_sent or new_name is not None
         if new_id is None and new_name is None and not arguments:
             return None
-        return ToolCallDelta(index=index, id=new_id, name=new_name, arguments=arguments)
+        return (ToolCallDelta, arguments, index, new_id, new_name)
 
     def _finish(self) -> FinishChunk:
         reason = self._finish_reason
@@ -282,56 +289,56 @@ def _optional_str(obj: Mapping[str, Any], key: str) -> str | None:
     raise _Malformed(f"{key} is not a string")
 
 
-def _joined(chunks: list[Chunk]) -> list[Chunk]:
-    """`chunks` with each run of deltas that go together joined into one (see `feed`)."""
-    out: list[Chunk] = []
-    head: Chunk | None = None
-    pieces: list[str] = []
-    for chunk in chunks:
-        if head is not None:
-            kind = type(head)
-            if type(chunk) is kind and (
-                kind is not ToolCallDelta
-                or (
-                    isinstance(chunk, ToolCallDelta)
-                    and isinstance(head, ToolCallDelta)
-                    and chunk.index == head.index
-                    and chunk.id is None
-                    and chunk.name is None
-                )
-            ):
-                if isinstance(chunk, (TextDelta, ReasoningDelta)):
-                    pieces.append(chunk.text)
-                    continue
-                if isinstance(chunk, ToolCallDelta):
-                    pieces.append(chunk.arguments)
-                    continue
-            out.append(_run(head, pieces))
-        head = chunk
-        pieces = [_piece(chunk)]
-    if head is not None:
-        out.append(_run(head, pieces))
-    return out
+_Delta = tuple[type[Chunk], str, int, str | None, str | None]
+"""One delta of an event, before it is joined: its kind, its text (a tool call's arguments),
+and for a tool call its index, new id and new name."""
 
 
-def _piece(chunk: Chunk) -> str:
-    if isinstance(chunk, (TextDelta, ReasoningDelta)):
-        return chunk.text
-    if isinstance(chunk, ToolCallDelta):
-        return chunk.arguments
-    return ""
+class _Runs:
+    """The chunks of one read, built as its deltas come: each run of deltas that go together
+    (adjacent text, adjacent reasoning, one tool call's argument pieces after the piece that
+    introduced it) becomes one chunk."""
 
+    __slots__ = ("_call", "_kind", "_out", "_pieces")
 
-def _run(head: Chunk, pieces: list[str]) -> Chunk:
-    """The chunk a run starting with `head` adds up to."""
-    if len(pieces) == 1:
-        return head
-    if isinstance(head, TextDelta):
-        return TextDelta(text="".join(pieces))
-    if isinstance(head, ReasoningDelta):
-        return ReasoningDelta(text="".join(pieces))
-    assert isinstance(head, ToolCallDelta)
-    return ToolCallDelta(index=head.index, id=head.id, name=head.name, arguments="".join(pieces))
+    def __init__(self) -> None:
+        self._out: list[Chunk] = []
+        self._kind: type[Chunk] | None = None
+        self._pieces: list[str] = []
+        self._call: tuple[int, str | None, str | None] = (0, None, None)
+
+    def add(self, delta: _Delta) -> None:
+        kind, text, index, call_id, name = delta
+        if kind is self._kind and (
+            kind is not ToolCallDelta
+            or (call_id is None and name is None and self._call[0] == index)
+        ):
+            self._pieces.append(text)
+            return
+        self._flush()
+        self._kind = kind
+        self._call = (index, call_id, name)
+        self._pieces = [text]
+
+    def chunks(self) -> list[Chunk]:
+        """The read's chunks, in order."""
+        self._flush()
+        return self._out
+
+    def _flush(self) -> None:
+        kind = self._kind
+        if kind is None:
+            return
+        pieces = self._pieces
+        text = pieces[0] if len(pieces) == 1 else "".join(pieces)
+        if kind is ToolCallDelta:
+            index, call_id, name = self._call
+            self._out.append(ToolCallDelta(index=index, id=call_id, name=name, arguments=text))
+        elif kind is TextDelta:
+            self._out.append(TextDelta(text=text))
+        else:
+            self._out.append(ReasoningDelta(text=text))
+        self._kind = None
 
 
 def _optional_list(obj: Mapping[str, Any], key: str) -> list[Any]:

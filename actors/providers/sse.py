@@ -16,6 +16,8 @@ server that never ends a line cannot grow memory without bound.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 _BOM = b"\xef\xbb\xbf"
@@ -72,12 +74,31 @@ class SSEDecoder:
         Raises:
             SSEError: the pending event grew past `max_event_bytes`.
         """
+        events: list[SSEEvent] = []
+        self._feed(data, events, True)
+        return events
+
+    def feed_data(self, data: bytes) -> list[str]:
+        """Consume the next bytes of the stream and return the data of the events they complete.
+
+        The same as `[event.data for event in self.feed(data)]`, without
+        building the events (for consumers that ignore event types and ids).
+
+        Raises:
+            SSEError: the pending event grew past `max_event_bytes`.
+        """
+        values: list[str] = []
+        self._feed(data, values, False)
+        return values
+
+    def _feed(self, data: bytes, out: list[Any], whole: bool) -> None:
+        """Decode the complete lines of `data`, appending each event to `out`: an `SSEEvent`
+        when `whole`, else its data."""
         if not data:
-            return []
+            return
         buffer = self._buffer
         pending = len(buffer)  # the unfinished line so far: it holds no line end
         buffer += data
-        events: list[SSEEvent] = []
         start = 0
         if self._after_cr:
             # The previous read ended with CR: an LF opening this one belongs to it.
@@ -91,9 +112,37 @@ class SSEDecoder:
             complete = bytes(buffer[start:end])
             del buffer[:end]
             self._after_cr = complete.endswith(b"\r")
+            if self._first_line:
+                self._first_line = False
+                complete = complete.removeprefix(_BOM)
+            limit = self.max_event_bytes
             # bytes.splitlines splits at exactly CRLF, LF and CR, the event-stream line ends.
             for line in complete.splitlines():
-                self._line(line, events)
+                if not line:
+                    if self._data:
+                        value = "\n".join(self._data)
+                        out.append(
+                            SSEEvent(
+                                event=self._event_type or "message", data=value, id=self._last_id
+                            )
+                            if whole
+                            else value
+                        )
+                        self._data = []
+                        self._data_bytes = 0
+                    self._event_type = ""
+                elif line.startswith(b"data:"):
+                    # The common line, split as bytes: ":" and " " never occur inside a
+                    # UTF-8 sequence.
+                    value = (line[6:] if line[5:6] == b" " else line[5:]).decode(
+                        "utf-8", errors="replace"
+                    )
+                    self._data.append(value)
+                    self._data_bytes += len(line)
+                    if self._data_bytes > limit:
+                        self._too_much_data()
+                else:
+                    self._field(line)
         elif start:
             del buffer[:start]
         if len(buffer) + self._data_bytes > self.max_event_bytes:
@@ -101,20 +150,9 @@ class SSEDecoder:
                 f"an event stream line or event exceeds {self.max_event_bytes} bytes "
                 f"({len(buffer)} bytes of an unfinished line, {self._data_bytes} bytes of data)"
             )
-        return events
 
-    def _line(self, raw: bytes, events: list[SSEEvent]) -> None:
-        if self._first_line:
-            self._first_line = False
-            raw = raw.removeprefix(_BOM)
-        if not raw:
-            self._dispatch(events)
-            return
-        if raw.startswith(b"data:"):
-            # The common line, split as bytes: ":" and " " never occur inside a UTF-8 sequence.
-            value = raw[6:] if raw.startswith(b"data: ") else raw[5:]
-            self._add_data(value.decode("utf-8", errors="replace"), len(raw))
-            return
+    def _field(self, raw: bytes) -> None:
+        """A line other than a blank one or a `data:` one: a comment or another field."""
         line = raw.decode("utf-8", errors="replace")
         if line.startswith(":"):
             return
@@ -122,30 +160,17 @@ class SSEDecoder:
         if colon and text.startswith(" "):
             text = text[1:]
         if field == "data":  # a bare "data" line: an empty data value
-            self._add_data(text, len(raw))
+            self._data.append(text)
+            self._data_bytes += len(raw)
+            if self._data_bytes > self.max_event_bytes:
+                self._too_much_data()
         elif field == "event":
             self._event_type = text
         elif field == "id" and "\0" not in text:
             self._last_id = text
 
-    def _add_data(self, value: str, size: int) -> None:
-        self._data.append(value)
-        self._data_bytes += size
-        if self._data_bytes > self.max_event_bytes:
-            raise SSEError(
-                f"an event's data exceeds {self.max_event_bytes} bytes "
-                f"({len(self._data)} data lines so far)"
-            )
-
-    def _dispatch(self, events: list[SSEEvent]) -> None:
-        if self._data:
-            events.append(
-                SSEEvent(
-                    event=self._event_type or "message",
-                    data="\n".join(self._data),
-                    id=self._last_id,
-                )
-            )
-        self._data = []
-        self._data_bytes = 0
-        self._event_type = ""
+    def _too_much_data(self) -> None:
+        raise SSEError(
+            f"an event's data exceeds {self.max_event_bytes} bytes "
+            f"({len(self._data)} data lines so far)"
+        )

@@ -31,6 +31,7 @@ from actors.providers import Provider, ProviderError
 from actors.providers.chunks import (
     Failure,
     FinishChunk,
+    ReasoningDelta,
     TextDelta,
     ToolCallDelta,
     Usage,
@@ -860,6 +861,38 @@ def test_the_stream_parser_gives_the_same_chunks_for_any_split_into_reads(
     calls = calls_of(chunks)  # asserts each id and name came once
     assert {int(call.id.removeprefix("call")): call.arguments for call in calls} == arguments
     assert finish_of(chunks).reason == ("tool-calls" if arguments else "completed")
+
+
+def _joined_reference(chunks: list[Any]) -> list[Any]:
+    """`chunks` with each run that goes together joined: adjacent text, adjacent reasoning, a
+    tool call's argument pieces (same index, no id or name) after the piece before them."""
+    out: list[Any] = []
+    for chunk in chunks:
+        last = out[-1] if out else None
+        if type(chunk) is type(last) and isinstance(chunk, (TextDelta, ReasoningDelta)):
+            out[-1] = type(chunk)(text=last.text + chunk.text)  # type: ignore[union-attr]
+        elif (
+            isinstance(chunk, ToolCallDelta)
+            and isinstance(last, ToolCallDelta)
+            and chunk.index == last.index
+            and chunk.id is None
+            and chunk.name is None
+        ):
+            out[-1] = attrs.evolve(last, arguments=last.arguments + chunk.arguments)
+        else:
+            out.append(chunk)
+    return out
+
+
+@given(_event_streams())
+def test_one_reads_chunks_are_its_events_deltas_joined_wherever_they_go_together(
+    stream: tuple[bytes, str, dict[int, str]],
+) -> None:
+    data, _, _ = stream
+    events = [event + b"\n\n" for event in data.replace(b"\r\n", b"\n").split(b"\n\n") if event]
+    one_by_one = StreamParser()
+    separately = [chunk for event in events for chunk in one_by_one.feed(event)]
+    assert StreamParser().feed(data) == _joined_reference(separately)
 
 
 # --- clocks (autojump) ---------------------------------------------------------------------

@@ -82,6 +82,19 @@ def test_any_split_into_reads_yields_the_same_events(
     assert _feed_all(pieces) == expected
 
 
+@given(_streams(), st.data())
+def test_the_data_only_feed_gives_each_events_data_for_any_split(
+    stream: tuple[bytes, list[SSEEvent]], draw: st.DataObject
+) -> None:
+    data, expected = stream
+    cuts = sorted(draw.draw(st.sets(st.integers(0, len(data)), max_size=len(data) + 1)))
+    decoder = SSEDecoder()
+    values: list[str] = []
+    for start, end in itertools.pairwise([0, *cuts, len(data)]):
+        values += decoder.feed_data(data[start:end])
+    assert values == [event.data for event in expected]
+
+
 def test_crlf_split_between_reads_is_one_line_end() -> None:
     # A CR ending one read and an LF opening the next must not make a blank line.
     assert _feed_all([b"data: a\r", b"\ndata: b\r\n\r\n"]) == [SSEEvent(data="a\nb")]
