@@ -155,7 +155,7 @@ class RequestEncoder:
         # Keyed by identity: the cached entry holds the schemas, so their ids
         # cannot be reused while the entry lives. Equal tuples of other
         # objects serialize to the same bytes anyway; this only saves work.
-        key = tuple(id(tool) for tool in tools)
+        key = tuple(map(id, tools))
         cached = self._tools_cache.get(key)
         if cached is not None:
             self._tools_cache.move_to_end(key)
