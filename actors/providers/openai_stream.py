@@ -128,8 +128,33 @@ class StreamParser:
             self.fail(Failure(code="event_too_large", message=str(exc)))
             return []
         runs = _Runs()
-        for event in events:
-            self._handle(event, runs)
+        for text in events:
+            stripped = text.strip()
+            if not stripped or stripped[0] == ":":  # a data-only keep-alive ("data: : keep-alive")
+                if self.outcome is not None:
+                    break
+                continue
+            self.data_events += 1
+            if stripped == "[DONE]":
+                self.done = True
+                self.outcome = self._finish()
+                break
+            try:
+                deltas = self._event(text)
+            except _Malformed as exc:
+                self.fail(
+                    Failure(
+                        code="malformed_event",
+                        message=f"malformed stream event ({exc}): {excerpt(text)!r}",
+                    )
+                )
+                break
+            except _TooManyToolCalls as exc:
+                self.fail(Failure(code="too_many_tool_calls", message=str(exc)))
+                break
+            # All of an event's deltas, or none if it is malformed.
+            for delta in deltas:
+                runs.add(delta)
             if self.outcome is not None:
                 break
         return runs.chunks()
@@ -145,33 +170,13 @@ class StreamParser:
             return [self.outcome]
         return [UsageChunk(usage=self._usage), self.outcome]
 
-    def _handle(self, data: str, runs: _Runs) -> None:
-        """Add one event's deltas to `runs` (all of them, or none if the event is malformed)."""
-        stripped = data.strip()
-        if not stripped or stripped.startswith(":"):
-            return  # a data-only keep-alive ("data: : keep-alive")
-        self.data_events += 1
-        if stripped == "[DONE]":
-            self.done = True
-            self.outcome = self._finish()
-            return
-        try:
-            deltas = self._event(data)
-        except _Malformed as exc:
-            self.fail(
-                Failure(
-                    code="malformed_event",
-                    message=f"malformed stream event ({exc}): {excerpt(data)!r}",
-                )
-            )
-            return
-        except _TooManyToolCalls as exc:
-            self.fail(Failure(code="too_many_tool_calls", message=str(exc)))
-            return
-        for delta in deltas:
-            runs.add(delta)
-
     def _event(self, data: str) -> list[_Delta]:
+        """The deltas of one event (of its choice 0); its usage and finish reason are kept.
+
+        Raises:
+            _Malformed: the event breaks the wire format.
+            _TooManyToolCalls: it opens one tool call too many.
+        """
         try:
             obj = json.loads(data)
         except ValueError as exc:
@@ -190,33 +195,47 @@ class StreamParser:
                 raise _Malformed("usage is not an object")
             self._usage = parse_usage(usage)
         deltas: list[_Delta] = []
-        for choice in _optional_list(obj, "choices"):
+        choices = obj.get("choices")
+        if choices is None:
+            return deltas
+        if not isinstance(choices, list):
+            raise _Malformed("choices is not a list")
+        # One pass with the checks inline: this runs for every event of every reply.
+        for choice in choices:
             if not isinstance(choice, dict):
                 raise _Malformed("a choice is not an object")
             if choice.get("index", 0) != 0:
                 continue
-            self._choice(choice, deltas)
+            delta = choice.get("delta")
+            if delta is not None:
+                if not isinstance(delta, dict):
+                    raise _Malformed("delta is not an object")
+                reasoning = delta.get("reasoning_content")
+                if reasoning is not None:
+                    if not isinstance(reasoning, str):
+                        raise _Malformed("reasoning_content is not a string")
+                    if reasoning:
+                        deltas.append((ReasoningDelta, reasoning, 0, None, None))
+                content = delta.get("content")
+                if content is not None:
+                    if not isinstance(content, str):
+                        raise _Malformed("content is not a string")
+                    if content:
+                        deltas.append((TextDelta, content, 0, None, None))
+                calls = delta.get("tool_calls")
+                if calls is not None:
+                    if not isinstance(calls, list):
+                        raise _Malformed("tool_calls is not a list")
+                    for position, call in enumerate(calls):
+                        call_delta = self._tool_call(position, call)
+                        if call_delta is not None:
+                            deltas.append(call_delta)
+            reason = choice.get("finish_reason")
+            if reason is not None:
+                if not isinstance(reason, str):
+                    raise _Malformed("finish_reason is not a string")
+                self._finish_reason = reason
         return deltas
-
-    def _choice(self, choice: dict[str, Any], deltas: list[_Delta]) -> None:
-        delta = _optional_object(choice, "delta", "delta")
-        reasoning = _optional_str(delta, "reasoning_content")
-        if reasoning:
-            deltas.append((ReasoningDelta, reasoning, 0, None, None))
-        content = _optional_str(delta, "content")
-        if content:
-            deltas.append((TextDelta, content, 0, None, None))
-        calls = delta.get("tool_calls")
-        if calls is not None:
-            if not isinstance(calls, list):
-                raise _Malformed("tool_calls is not a list")
-            for position, call in enumerate(calls):
-                call_delta = self._tool_call(position, call)
-                if call_delta is not None:
-                    deltas.append(call_delta)
-        reason = _optional_str(choice, "finish_reason")
-        if reason is not None:
-            self._finish_reason = reason
 
     def _tool_call(self, position: int, call: object) -> _Delta | None:
         if not isinstance(call, dict):
