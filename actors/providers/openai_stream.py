@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import orjson
 
 from actors.providers.chunks import (
     Chunk,
@@ -178,8 +179,8 @@ class StreamParser:
             _TooManyToolCalls: it opens one tool call too many.
         """
         try:
-            obj = json.loads(data)
-        except ValueError as exc:
+            obj = _loads(data)
+        except (ValueError, RecursionError) as exc:
             raise _Malformed(f"not JSON: {exc}") from exc
         if not isinstance(obj, dict):
             raise _Malformed("not a JSON object")
@@ -292,6 +293,37 @@ class StreamParser:
                 + ", ".join(sorted([*_FINISH_REASONS, "insufficient_system_resource"])),
             )
         )
+
+
+_DIGITS_ONLY = bytes(ord("0") if byte in b"0123456789" else ord(" ") for byte in range(256))
+"""A `bytes.translate` table: every ASCII digit to `0`, every other byte to a space."""
+
+_LONG_DIGITS = b"0" * 19
+"""A run of digits that may be an integer beyond 64 bits, which orjson would make a float."""
+
+
+def _loads(text: str) -> Any:
+    """`json.loads(text)`: the same value, or the same exception, at orjson's speed where it can.
+
+    orjson parses an event it can give the same value for (it refuses NaN,
+    infinities, numbers out of a double's range and invalid JSON, and
+    `json` then parses or fails with its own message); an event with 19
+    digits in a row goes to `json` at once, since orjson makes an integer
+    beyond 64 bits a float (as `actors.providers.simulator.body_json` does
+    for request bodies). One difference: orjson parses nesting up to 1,024
+    levels deep, where `json` gives up with `RecursionError` at about 1,000.
+
+    Raises:
+        ValueError: `text` is not JSON (`json.JSONDecodeError`, as `json.loads` raises it).
+        RecursionError: nested too deeply for either.
+    """
+    raw = text.encode()  # decoded with errors="replace": never a lone surrogate
+    if _LONG_DIGITS not in raw.translate(_DIGITS_ONLY):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
 
 
 def _count(value: object) -> int | None:

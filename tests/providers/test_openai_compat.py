@@ -863,6 +863,33 @@ def test_the_stream_parser_gives_the_same_chunks_for_any_split_into_reads(
     assert finish_of(chunks).reason == ("tool-calls" if arguments else "completed")
 
 
+def test_an_event_nested_too_deeply_to_parse_is_a_malformed_event() -> None:
+    parser = StreamParser()
+    deep = "[" * 5000 + "]" * 5000
+    assert parser.feed(f"data: {deep}\n\n".encode()) == []
+    failure = parser.outcome.failure if parser.outcome is not None else None
+    assert failure is not None and failure.code == "malformed_event"
+    assert "recursion" in failure.message
+
+
+@pytest.mark.parametrize(
+    ("value", "count"),
+    [
+        # Beyond 64 bits: json reads an int (orjson would read a float, not a count).
+        ("12345678901234567890123", 12345678901234567890123),
+        ("NaN", 0),  # json reads a float (not a count); orjson refuses it
+        ("3", 3),
+    ],
+)
+def test_usage_counts_parse_as_the_json_module_reads_them(value: str, count: int) -> None:
+    parser = StreamParser()
+    usage = f'{{"prompt_tokens":{value},"completion_tokens":{value}}}'
+    parser.feed(f'data: {{"choices":[],"usage":{usage}}}\n\ndata: [DONE]\n\n'.encode())
+    chunk = parser.final_chunks()[0]
+    assert isinstance(chunk, UsageChunk)
+    assert chunk.usage.input_tokens == chunk.usage.output_tokens == count
+
+
 def _joined_reference(chunks: list[Any]) -> list[Any]:
     """`chunks` with each run that goes together joined: adjacent text, adjacent reasoning, a
     tool call's argument pieces (same index, no id or name) after the piece before them."""
