@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from actors.messages import Message, ReasoningBlock, ToolSource
+from actors.messages import Message, ReasoningBlock, TextBlock, ToolSource
 from actors.prompt.types import ToolSchema
 from actors.providers.base import ProviderError
 from actors.providers.request import GenerateRequest
@@ -183,12 +183,24 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def _text(message: Message) -> str:
+    """`message.text`, without its generator for the common message of one text block."""
+    content = message.content
+    if len(content) == 1 and type(content[0]) is TextBlock:
+        return content[0].text
+    return message.text
+
+
 def _encode_message(message: Message, profile: ModelProfile) -> dict[str, Any]:
     if message.role == "user":
         if isinstance(message.source, ToolSource):
-            return {"role": "tool", "tool_call_id": message.source.call_id, "content": message.text}
-        return {"role": "user", "content": message.text}
-    out: dict[str, Any] = {"role": "assistant", "content": message.text}
+            return {
+                "role": "tool",
+                "tool_call_id": message.source.call_id,
+                "content": _text(message),
+            }
+        return {"role": "user", "content": _text(message)}
+    out: dict[str, Any] = {"role": "assistant", "content": _text(message)}
     calls = message.tool_calls
     if calls and profile.reasoning_replay == "with-tool-calls":
         out["reasoning_content"] = "".join(
