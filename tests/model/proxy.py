@@ -18,8 +18,9 @@ by its own flag:
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeAlias
 
 import httpx
@@ -106,16 +107,35 @@ class LlamaCppPythonProxy:
                 }
             )
             ids: dict[int, dict[str, Any]] = {}
-            async for line in response.aiter_lines():
-                if line.startswith("data: "):
-                    if self._pings:
-                        await _body(send, b": ping\n\n")
-                        self.pings_sent += 1
-                    if self._repeat:
-                        line = _repeat_call_fields(line, ids)
-                    self.first_event.set()
-                await _body(send, line.encode() + b"\n")
+            lines = response.aiter_lines()
+            try:
+                async for line in lines:
+                    if line.startswith("data: "):
+                        if self._pings:
+                            await _body(send, b": ping\n\n")
+                            self.pings_sent += 1
+                        if self._repeat:
+                            line = _repeat_call_fields(line, ids)
+                        self.first_event.set()
+                    await _body(send, line.encode() + b"\n")
+            finally:
+                await _finish(response, lines)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _finish(response: httpx.Response, lines: AsyncIterator[str]) -> None:
+    """Close `response` and run its reading chain to its end, even when cut.
+
+    A cut (a cancellation while a line is being forwarded) leaves httpx's
+    chain of body generators suspended; closing the response alone does not
+    end them, and the garbage collector would finalize them later (Trio warns).
+    Once the connection is closed, resuming the chain ends it at once.
+    """
+    with trio.CancelScope(shield=True):
+        await response.aclose()
+        with contextlib.suppress(httpx.HTTPError, httpx.StreamError):
+            async for _ in lines:
+                pass
 
 
 async def _body(send: Send, data: bytes) -> None:
