@@ -210,6 +210,36 @@ async def connect(
         yield client
 
 
+async def wrap_websocket(
+    nursery: trio.Nursery,
+    stream: trio.abc.Stream,
+    host: str,
+    *,
+    headers: Sequence[tuple[str, str]] = AUTH,
+    subprotocols: Sequence[str] | None = None,
+    message_queue_size: int = 64,
+) -> trio_websocket.WebSocketConnection:
+    """The client side of a gateway websocket at `/acp` over `stream`, `headers` sent."""
+    return await trio_websocket.wrap_client_stream(
+        nursery,
+        stream,
+        host,
+        "/acp",
+        extra_headers=[(k.encode(), v.encode()) for k, v in headers],
+        subprotocols=subprotocols,
+        message_queue_size=message_queue_size,
+    )
+
+
+async def small_window_stream(gateway: Gateway) -> trio.SocketStream:
+    """A TCP stream to `gateway` with a 4 KiB receive buffer (no autotuning), so a client
+    that reads slowly or not at all fills it after a few kilobytes."""
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((gateway.host, gateway.port))
+    return trio.SocketStream(sock)
+
+
 @asynccontextmanager
 async def open_client(
     host: str,
@@ -224,12 +254,11 @@ async def open_client(
     stream = await trio.open_tcp_stream(host, port)
     try:
         async with trio.open_nursery() as nursery:
-            ws = await trio_websocket.wrap_client_stream(
+            ws = await wrap_websocket(
                 nursery,
                 stream,
                 host,
-                "/acp",
-                extra_headers=[(k.encode(), v.encode()) for k, v in headers],
+                headers=headers,
                 subprotocols=subprotocols,
                 message_queue_size=message_queue_size,
             )
@@ -253,21 +282,11 @@ async def stalled_client(gateway: Gateway) -> AsyncIterator[tuple[RpcClient, tri
     The gateway's side of the socket gets a small send buffer too (it would otherwise grow to
     megabytes), so a few kilobytes unread are enough to stall it.
     """
-    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    await sock.connect((gateway.host, gateway.port))
-    stream = trio.SocketStream(sock)
+    stream = await small_window_stream(gateway)
     before = set(gateway.connections)
     try:
         async with trio.open_nursery() as nursery:
-            ws = await trio_websocket.wrap_client_stream(
-                nursery,
-                stream,
-                gateway.host,
-                "/acp",
-                extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
-                message_queue_size=1,
-            )
+            ws = await wrap_websocket(nursery, stream, gateway.host, message_queue_size=1)
             client = RpcClient(ws=ws)
             reading = trio.CancelScope()
 

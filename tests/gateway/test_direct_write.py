@@ -20,7 +20,7 @@ from supervision.gateway.cursors import EventBatch
 from supervision.gateway.fanout import Fanout
 from supervision.gateway.outbox import Outbox
 from supervision.gateway.transport import WEBSOCKET_FRAMING, SharedStream, WebSocketTransport
-from tests.gateway.helpers import AUTH, RpcClient, running_gateway
+from tests.gateway.helpers import RpcClient, running_gateway, small_window_stream, wrap_websocket
 from tests.gateway.test_pump import _Log
 
 
@@ -244,19 +244,9 @@ async def _slow_window_client(
 ) -> AsyncIterator[tuple[trio_websocket.WebSocketConnection, RpcClient]]:
     """An initialized client that reads slowly, with a 4 KiB window on both sides of its
     socket (no autotuning), so the gateway's direct writes fill it and leave tails."""
-    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    await sock.connect((gateway.host, gateway.port))
-    stream = trio.SocketStream(sock)
+    stream = await small_window_stream(gateway)
     try:
-        ws = await trio_websocket.wrap_client_stream(
-            nursery,
-            stream,
-            gateway.host,
-            "/acp",
-            extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
-            message_queue_size=1,
-        )
+        ws = await wrap_websocket(nursery, stream, gateway.host, message_queue_size=1)
         client = RpcClient(ws=ws)
 
         async def read_slowly() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import statistics
 from contextlib import AsyncExitStack
 from typing import Any
@@ -11,7 +10,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-import trio_websocket
 
 from actors.agent import Agent, AgentOptions
 from actors.providers.simulator import SimulatorConfig
@@ -21,7 +19,7 @@ from supervision.gateway import AgentProfile, Gateway
 from supervision.gateway.cursors import EventTexts, LogCursor
 from supervision.gateway.fanout import FEED_LINGER_MAX_SECONDS
 from supervision.gateway.transport import WEBSOCKET_FRAMING
-from tests.gateway.helpers import AUTH, RpcClient, connect, running_gateway
+from tests.gateway.helpers import RpcClient, connect, running_gateway, stalled_client
 
 SESSIONS = 200
 SUPERVISORS = 50
@@ -55,14 +53,6 @@ async def _run_turns(agents: list[Agent], text: str) -> None:
         await agent.session.flush()
 
 
-async def _small_window_stream(gateway: Gateway) -> trio.SocketStream:
-    """A TCP stream with a tiny receive buffer, so a client that stops reading stalls the server."""
-    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    await sock.connect((gateway.host, gateway.port))
-    return trio.SocketStream(sock)
-
-
 async def test_fifty_supervisors_get_everything_and_a_stalled_reader_is_closed_4008() -> None:
     config = SimulatorConfig(reply_tokens=6)
     # A deadline well above what a loaded machine can stall a healthy in-process reader for.
@@ -92,25 +82,7 @@ async def test_fifty_supervisors_get_everything_and_a_stalled_reader_is_closed_4
                 await _run_turns(agents, "warm-up")
                 baseline = _step_latencies_ms(agents)
 
-                async with trio.open_nursery() as nursery:
-                    stream = await _small_window_stream(gateway)
-                    ws = await trio_websocket.wrap_client_stream(
-                        nursery,
-                        stream,
-                        gateway.host,
-                        "/acp",
-                        extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
-                        message_queue_size=1,
-                    )
-                    stalled = RpcClient(ws=ws)
-                    pump = trio.CancelScope()
-
-                    async def read_until_stalled() -> None:
-                        with pump:
-                            await stalled.pump()
-
-                    nursery.start_soon(read_until_stalled)
-                    await stalled.call("initialize", {"protocolVersion": 1})
+                async with stalled_client(gateway) as (stalled, pump):
                     for sid in ids:
                         await stalled.call(
                             "_harness/log/subscribe", {"sessionId": sid, "fromSeq": 0}
@@ -120,8 +92,6 @@ async def test_fifty_supervisors_get_everything_and_a_stalled_reader_is_closed_4
                     await _run_turns(agents, "with a stalled reader")
                     with_stalled = _step_latencies_ms(agents, before)
                     await gateway.wait_slow_consumer_closes(1)
-                    nursery.cancel_scope.cancel()
-                await trio.aclose_forcefully(stream)
 
                 for client, plan in zip(clients, plans, strict=True):
                     expected = {sid: [json.dumps(e) for e in _log(gateway, sid)] for sid in plan}

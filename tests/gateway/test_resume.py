@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 import trio
-import trio_websocket
 
 from actors.providers.simulator import SimulatorConfig
-from tests.gateway.helpers import AUTH, RpcClient, connect, running_gateway
+from tests.gateway.helpers import RpcClient, connect, running_gateway, wrap_websocket
 
 
 def _events(notification: dict[str, Any]) -> list[dict[str, Any]]:
@@ -36,13 +35,7 @@ async def test_resubscribing_from_last_plus_one_after_a_kill_yields_the_log_exac
             received: list[dict[str, Any]] = []
             async with trio.open_nursery() as nursery:
                 stream = await trio.open_tcp_stream(gateway.host, gateway.port)
-                ws = await trio_websocket.wrap_client_stream(
-                    nursery,
-                    stream,
-                    gateway.host,
-                    "/acp",
-                    extra_headers=[(k.encode(), v.encode()) for k, v in AUTH],
-                )
+                ws = await wrap_websocket(nursery, stream, gateway.host)
                 first = RpcClient(ws=ws)
                 nursery.start_soon(first.pump)
                 await first.call("initialize", {"protocolVersion": 1})
