@@ -17,6 +17,7 @@ from actors.agent.options import RetryPolicy as RetryPolicy
 from actors.agent.result import AgentClosedError as AgentClosedError
 from actors.agent.result import TurnFailedError as TurnFailedError
 from actors.agent.result import TurnResult as TurnResult
+from actors.agent.result import TurnTicket as TurnTicket
 from actors.agent.tool_call import IdempotencyKey as IdempotencyKey
 from actors.agent.tool_call import ToolInvocation as ToolInvocation
 from actors.agent.tools import Tool as Tool

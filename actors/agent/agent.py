@@ -19,6 +19,7 @@ from actors.agent.result import (
     AgentClosedError,
     TurnFailedError,
     TurnResult,
+    TurnTicket,
     failure_message,
     turn_result,
 )
@@ -67,21 +68,6 @@ class AgentStatistics:
     loop: LoopStatistics
 
 
-@attrs.define(eq=False)
-class _RunWaiter:
-    """One `run()` call waiting for the turn that takes its message."""
-
-    message: Message
-    done: trio.Event = attrs.field(factory=trio.Event)
-    result: TurnResult | None = None
-    error: Exception | None = None
-
-    def settle(self, result: TurnResult | None = None, error: Exception | None = None) -> None:
-        if not self.done.is_set():
-            self.result, self.error = result, error
-            self.done.set()
-
-
 def _as_message(value: str | Message) -> Message:
     if isinstance(value, Message):
         if value.role != "user" or value.source is None:
@@ -104,7 +90,8 @@ class Agent:
     the agent goes idle, so an idle agent holds no task, channel or
     cancel scope of its own (with `AgentOptions.hibernate`, not its log
     either). `await run(...)` queues a follow-up and waits for its turn's
-    `TurnResult`. Once `open_agent` has exited, every input method raises
+    `TurnResult`; `submit(...)` queues one and returns its `TurnTicket`.
+    Once `open_agent` has exited, every input method raises
     `AgentClosedError`.
     """
 
@@ -123,7 +110,8 @@ class Agent:
     _idle: trio.Event | None = None
     _turn_done: trio.Event | None = None
     _closed: bool = False
-    _waiters: dict[int, _RunWaiter] = attrs.field(factory=dict)
+    _tickets: dict[int, TurnTicket] = attrs.field(factory=dict)
+    """The unsettled tickets of `submit`, by the id of their message."""
     # The loop task's cancel scope and end, only while it runs (`shutdown` stops it).
     _loop_scope: trio.CancelScope | None = None
     _loop_done: trio.Event | None = None
@@ -187,6 +175,20 @@ class Agent:
         """
         self._submit("next-step", text_or_message, wakes=False)
 
+    def submit(self, text_or_message: str | Message) -> TurnTicket:
+        """Queue `text_or_message` as a `followup`; the ticket tells how the turn that takes
+        it ends, and settles whether or not anyone awaits it (so a task that stops waiting
+        loses nothing another may still want to know).
+
+        Raises:
+            AgentClosedError: the agent's `open_agent` has exited.
+            InboxFullError: the inbox holds `INBOX_CAPACITY` unclaimed messages.
+        """
+        ticket = TurnTicket(message=attrs.evolve(_as_message(text_or_message)))
+        self._submit("next-turn", ticket.message, wakes=True)  # a distinct object to wait on
+        self._tickets[id(ticket.message)] = ticket
+        return ticket
+
     async def run(self, text_or_message: str | Message) -> TurnResult:
         """Queue `text_or_message` as a `followup` and wait for the end of the turn that takes it.
 
@@ -201,19 +203,9 @@ class Agent:
                 or the input was dropped by `cancel()` before a turn took it.
             AgentClosedError: the agent was closed before (or while) the
                 input waited for a turn.
+            InboxFullError: the inbox holds `INBOX_CAPACITY` unclaimed messages.
         """
-        message = attrs.evolve(_as_message(text_or_message))  # a distinct object to wait on
-        waiter = _RunWaiter(message=message)
-        self._submit("next-turn", message, wakes=True)
-        self._waiters[id(message)] = waiter
-        try:
-            await waiter.done.wait()
-        finally:
-            del self._waiters[id(message)]
-        if waiter.error is not None:
-            raise waiter.error
-        assert waiter.result is not None
-        return waiter.result
+        return await self.submit(text_or_message).outcome()
 
     def cancel(self, keep_inbox: bool = False) -> None:
         """Abort the live turn (`turn/end` aborted, reason user).
@@ -233,9 +225,10 @@ class Agent:
             self._loop.inbox.clear()
             live = self._loop.turn_message if self._turn_scope is not None else None
             dropped = TurnEndReason.aborted(cause)
-            for waiter in self._waiters.values():
-                if waiter.message is not live:
-                    waiter.settle(
+            for key, ticket in list(self._tickets.items()):
+                if ticket.message is not live:
+                    del self._tickets[key]
+                    ticket.settle(
                         error=TurnFailedError(
                             failure_message(self.session.id, None, dropped)
                             + "; the input was dropped before a turn took it",
@@ -422,20 +415,21 @@ class Agent:
             done.set()
 
     def _settle_run(self, start: int) -> None:
-        """Hand the turn that began at seq `start` to the `run()` waiting for its message."""
+        """Settle the ticket of the message that began the turn at seq `start`."""
         message = self._loop.turn_message
-        waiter = self._waiters.get(id(message)) if message is not None else None
-        if waiter is None or waiter.message is not message:
+        ticket = self._tickets.get(id(message)) if message is not None else None
+        if ticket is None or ticket.message is not message:
             return
         events = self.session.events_since(start)
         first = next((i for i, e in enumerate(events) if isinstance(e.data, TurnStart)), None)
         last = next((i for i, e in enumerate(events) if isinstance(e.data, TurnEnd)), None)
         if first is None or last is None:
-            return  # the log broke; closing the agent settles the waiter
+            return  # the log broke; closing the agent settles the ticket
+        del self._tickets[id(message)]
         try:
-            waiter.settle(result=turn_result(self.session.id, events[first : last + 1]))
+            ticket.settle(result=turn_result(self.session.id, events[first : last + 1]))
         except TurnFailedError as failed:
-            waiter.settle(error=failed)
+            ticket.settle(error=failed)
 
     def close(self) -> None:
         """Refuse further input and fail every `run()` still waiting (`AgentClosedError`).
@@ -443,8 +437,9 @@ class Agent:
         Called by `open_agent` when it exits; idempotent.
         """
         self._closed = True
-        for waiter in self._waiters.values():
-            waiter.settle(
+        tickets, self._tickets = self._tickets, {}
+        for ticket in tickets.values():
+            ticket.settle(
                 error=AgentClosedError(
                     f"agent of session {self.session.id!r} was closed before its input got a turn"
                 )

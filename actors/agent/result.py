@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
+import trio
 
 from actors.messages import Message
 from actors.providers.chunks import Usage
@@ -59,6 +60,62 @@ class TurnFailedError(RuntimeError):
         super().__init__(message)
         self.reason = reason
         self.turn = turn
+
+
+@attrs.define(eq=False)
+class TurnTicket:
+    """How the turn that took one queued input ended (`Agent.submit`).
+
+    The agent settles the ticket once, whether or not anyone awaits it: when
+    the turn that took the input ends, when the input is dropped before any
+    turn took it, or when the agent closes first. Any number of tasks may
+    await `outcome()`, before or after it settled.
+    """
+
+    message: Message
+    _done: trio.Event = attrs.field(factory=trio.Event)
+    _result: TurnResult | None = None
+    _error: TurnFailedError | AgentClosedError | None = None
+
+    @property
+    def settled(self) -> bool:
+        """True once the outcome is known."""
+        return self._done.is_set()
+
+    @property
+    def turn(self) -> int | None:
+        """The turn that took the input, once settled; None before, or when no turn took it
+        (dropped, or the agent closed first)."""
+        if self._result is not None:
+            return self._result.turn
+        return self._error.turn if isinstance(self._error, TurnFailedError) else None
+
+    def settle(
+        self,
+        result: TurnResult | None = None,
+        error: TurnFailedError | AgentClosedError | None = None,
+    ) -> None:
+        """Record the outcome (the agent does this); later calls are ignored."""
+        if not self._done.is_set():
+            self._result, self._error = result, error
+            self._done.set()
+
+    async def outcome(self) -> TurnResult:
+        """Wait for the outcome: the `TurnResult` of a turn that ended "completed" or
+        "max-tokens".
+
+        Cancellation: stops the wait only; the input keeps its place.
+
+        Raises:
+            TurnFailedError: the turn ended "error", "blocked" or "aborted", or
+                the input was dropped before a turn took it (`turn` None).
+            AgentClosedError: the agent closed before its input got a turn.
+        """
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
 
 
 def add_usage(total: Usage, more: Usage | None) -> Usage:

@@ -20,18 +20,23 @@ gateway, with three changes for the cluster:
   already in the log (or queued here) is not queued again: its turn is
   followed (still running) or replayed (ended) and answered from the log.
   Only an attempt the previous owner's death cut off (its turn ended
-  `interrupted`) is run again, as a new turn with the same request id. A
+  `interrupted`), or one whose message can no longer reach the log (dropped
+  by a cancel, or its turn's first step never opened: answered `cancelled`,
+  `refusal` or an error as on a single-process gateway), is run again, as a
+  new turn with the same request id. A
   send whose request id is logged or queued is answered accepted and not
   queued again. The lookup is `supervision.cluster.request_index`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
 
+from actors.agent import TurnTicket
 from actors.messages import Message, TextBlock, UserSource
 from actors.session import SessionBusyError, UnknownSessionError
 from actors.session.lease import Lease, default_owner
@@ -39,7 +44,12 @@ from actors.session.postgres_store import PostgresStore
 from supervision.cluster.node_rebalance import closing_here
 from supervision.cluster.request_index import request_index
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
-from supervision.gateway.acp_methods import require_session, user_message
+from supervision.gateway.acp_methods import (
+    answer_at_outcome,
+    require_session,
+    submit_prompt,
+    user_message,
+)
 from supervision.gateway.connection import DEFERRED, Call
 from supervision.gateway.cursors import PromptCursor
 from supervision.gateway.harness_methods import place_message
@@ -286,19 +296,18 @@ async def prompt(params: PromptParams, call: Call) -> Any:
         raise RpcError(INTERNAL_ERROR, f"session {session_id!r} stopped before the prompt")
     index = request_index(agent.session)
     logged = index.find(request_id)
-    queued_at = index.queued_at(request_id) if logged is None else None
-    # Run it unless it is logged or queued here already; an attempt the previous owner's
-    # death cut off (its turn ended `interrupted`) runs again.
-    rerun = (logged is None and queued_at is None) or (
-        logged is not None and logged.end is not None and logged.end.reason.kind == "interrupted"
-    )
-    if rerun:
-        follow_from = len(agent.session)
-    elif logged is not None:
-        follow_from = logged.start_seq
+    attempt = index.queued(request_id)
+    ticket: TurnTicket | None
+    if attempt is not None:  # queued here and not logged yet: follow that attempt
+        follow_from, ticket = attempt.at, attempt.ticket
+    elif logged is not None and (logged.end is None or logged.end.reason.kind != "interrupted"):
+        follow_from, ticket = logged.start_seq, None  # in the log: follow or replay its turn
     else:
-        assert queued_at is not None
-        follow_from = queued_at
+        # Never logged (or its message can no longer be), or cut off by the previous
+        # owner's death (its turn ended `interrupted`): run it (again).
+        follow_from = len(agent.session)
+        ticket = submit_prompt(agent, message)
+        index.queue(request_id, ticket)
     gateway = call.gateway
     rpc_id = call.id
 
@@ -315,12 +324,12 @@ async def prompt(params: PromptParams, call: Call) -> Any:
         texts=tuple(b.text for b in message.content if isinstance(b, TextBlock)),
         claim=lambda turn: gateway.claim_turn(session_id, turn),
         on_done=done,
+        message_request_id=request_id,
     )
     connection.prompts[session_id] = cursor
     connection.follow(cursor)
-    if rerun:
-        agent.followup(message)
-        index.queue(request_id)
+    if ticket is not None:
+        connection.start_soon(functools.partial(answer_at_outcome, ticket, cursor))
     return DEFERRED
 
 
@@ -358,10 +367,10 @@ async def send(params: NodeSendParams, call: Call) -> dict[str, Any]:
         raise RpcError(INTERNAL_ERROR, f"session {params.session_id!r} stopped before the send")
     index = request_index(agent.session)
     accepted = {"accepted": True, "placement": params.placement}
-    if index.find(request_id) is not None or index.queued_at(request_id) is not None:
+    if index.find(request_id) is not None or index.queued(request_id) is not None:
         return accepted
     place_message(agent, message, params.placement)
-    index.queue(request_id)
+    index.queue(request_id, None)
     return accepted
 
 

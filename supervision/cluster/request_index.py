@@ -4,7 +4,11 @@ A node logs the user message of every `session/prompt` and
 `_harness/session/send` carrying a request id with it
 (`source.request_id`). Before it queues such a message it asks the
 session's `RequestIndex` whether that id is already in the log, or queued
-here and not logged yet, so a retry is never logged twice.
+here and not logged yet, so a retry is never logged twice. A queued prompt
+whose message can no longer be logged (its `TurnTicket` settled without a
+turn, or with a turn whose durable end came without the message: dropped
+by a cancel, or its turn's first step never opened) stops counting as
+queued, so a retry runs it again instead of waiting for it.
 
 The index of a session is built on first use from its durable events and
 brought up to date from the events appended since, each event read once
@@ -20,6 +24,7 @@ import weakref
 
 import attrs
 
+from actors.agent import TurnTicket
 from actors.messages import UserSource
 from actors.session import Session
 from actors.session.events import StepStart, TurnEnd, TurnStart, UserMessage
@@ -40,6 +45,19 @@ class LoggedPrompt:
     end: TurnEnd | None
 
 
+@attrs.frozen(kw_only=True)
+class QueuedAttempt:
+    """A request id's message queued here and not logged yet.
+
+    Attributes:
+        at: the session's length when it was queued.
+        ticket: the outcome of a prompt's turn (None for a send).
+    """
+
+    at: int
+    ticket: TurnTicket | None
+
+
 @attrs.define(eq=False)
 class RequestIndex:
     """Request id → its latest logged attempt, and the ids queued here but not yet logged."""
@@ -52,23 +70,33 @@ class RequestIndex:
     """Turn without a `turn/end` yet → the request ids logged in it."""
     _turn: int | None = None
     _turn_start: int = 0
-    _queued: dict[str, int] = attrs.field(factory=dict)
-    """Request id → the session's length when its message was queued (not logged yet)."""
+    _queued: dict[str, QueuedAttempt] = attrs.field(factory=dict)
+    _ended_through: int = -1
+    """The highest turn whose durable `turn/end` was read."""
 
     def find(self, request_id: str) -> LoggedPrompt | None:
         """The latest turn whose user message carries `request_id` (durable), or None."""
         self._catch_up()
         return self._logged.get(request_id)
 
-    def queued_at(self, request_id: str) -> int | None:
-        """The session length when `request_id`'s message was queued here, while it is not
-        logged yet; None otherwise."""
+    def queued(self, request_id: str) -> QueuedAttempt | None:
+        """`request_id`'s message queued here while it may still be logged; None when it
+        is logged (durably), or can no longer be: its ticket settled without a turn, or
+        with a turn whose durable `turn/end` was read without the message."""
         self._catch_up()
-        return self._queued.get(request_id)
+        attempt = self._queued.get(request_id)
+        if attempt is None or attempt.ticket is None or not attempt.ticket.settled:
+            return attempt
+        turn = attempt.ticket.turn
+        if turn is not None and turn > self._ended_through:
+            return attempt
+        del self._queued[request_id]
+        return None
 
-    def queue(self, request_id: str) -> None:
-        """Record that `request_id`'s message was just queued to the agent."""
-        self._queued[request_id] = len(self.session)
+    def queue(self, request_id: str, ticket: TurnTicket | None) -> None:
+        """Record that `request_id`'s message was just queued to the agent (with the
+        ticket of its turn, for a prompt)."""
+        self._queued[request_id] = QueuedAttempt(at=len(self.session), ticket=ticket)
 
     def _catch_up(self) -> None:
         events = self.session.durable_events(self.next_seq)
@@ -93,6 +121,7 @@ class RequestIndex:
                     )
                     self._open.setdefault(self._turn, []).append(request_id)
             elif isinstance(data, TurnEnd):
+                self._ended_through = max(self._ended_through, data.turn)
                 for request_id in self._open.pop(data.turn, ()):
                     logged = self._logged[request_id]
                     if logged.turn == data.turn:

@@ -13,7 +13,7 @@ import functools
 from pathlib import PurePath
 from typing import Any
 
-from actors.agent import Agent, AgentClosedError, InboxFullError, TurnFailedError
+from actors.agent import Agent, AgentClosedError, InboxFullError, TurnFailedError, TurnTicket
 from actors.messages import Message, TextBlock, UserSource
 from actors.session import SessionError, UnknownSessionError
 from supervision.gateway.connection import DEFERRED, Call, Connection
@@ -130,6 +130,7 @@ async def prompt(params: PromptParams, call: Call) -> Any:
             {"reason": "session_busy"},
         )
     agent = await _attach(call, params.session_id)
+    ticket = submit_prompt(agent, message)
     gateway = call.gateway
     request_id = call.id
     cursor = PromptCursor(
@@ -142,28 +143,47 @@ async def prompt(params: PromptParams, call: Call) -> Any:
     )
     connection.prompts[params.session_id] = cursor
     connection.follow(cursor)
-    connection.start_soon(functools.partial(_await_turn, agent, message, cursor))
+    connection.start_soon(functools.partial(answer_at_outcome, ticket, cursor))
     return DEFERRED
 
 
-async def _await_turn(
-    agent: Agent, message: Message, cursor: PromptCursor, connection: Connection
+def submit_prompt(agent: Agent, message: Message) -> TurnTicket:
+    """Queue a prompt's message on `agent` as a followup; its ticket tells the turn's outcome.
+
+    Raises:
+        RpcError: the agent's inbox is full (-33003, `overloaded`) or the agent
+            closed (-32603, `closed`).
+    """
+    try:
+        return agent.submit(message)
+    except InboxFullError as exc:
+        raise RpcError(
+            OVERLOADED, str(exc), {"reason": "overloaded", "retryAfterMs": 1000}
+        ) from exc
+    except AgentClosedError as exc:
+        raise _closed(agent.session.id, exc) from exc
+
+
+def _closed(session_id: str, exc: AgentClosedError) -> RpcError:
+    return RpcError(INTERNAL_ERROR, f"session {session_id!r}: {exc}", {"reason": "closed"})
+
+
+async def answer_at_outcome(
+    ticket: TurnTicket, cursor: PromptCursor, connection: Connection
 ) -> None:
-    """Queue the prompt on `agent` and wait for the turn that takes it (`Agent.run`).
+    """Once the prompt's message has its outcome (`ticket`), answer what the log cannot show.
 
     The prompt's cursor finds its turn in the log by the prompt's message and
-    answers at its `turn/end`; this answers the prompts the log cannot show:
-    a turn whose first step never opened (`adopt`: refused → `refusal`, or
-    failed → -32603 with `turnEnd`), input dropped before any turn took it
-    (`cancelled`), an agent that closed first (-32603) or an inbox that is
-    full (-33003). Cancelled with the connection, the queued prompt still
-    gets its turn (it survives its client).
+    answers at its `turn/end`; this answers the rest: a turn whose first step
+    never opened (`adopt`: refused → `refusal`, or failed → -32603 with
+    `turnEnd`), input dropped before any turn took it (`cancelled`), and an
+    agent that closed first (-32603). Cancelled with the connection, the
+    queued prompt still gets its turn (it survives its client).
     """
     framing = connection.transport.framing
     try:
         try:
-            result = await agent.run(message)
-            turn: int | None = result.turn
+            turn: int | None = (await ticket.outcome()).turn
         except TurnFailedError as failed:
             turn = failed.turn
         frames = cursor.cancel_if_waiting(framing) if turn is None else cursor.adopt(turn, framing)
@@ -172,15 +192,7 @@ async def _await_turn(
     except OutboxClosed:
         return
     except AgentClosedError as exc:
-        connection.end_prompt(
-            cursor.session_id,
-            RpcError(INTERNAL_ERROR, f"session {cursor.session_id!r}: {exc}", {"reason": "closed"}),
-        )
-    except InboxFullError as exc:
-        connection.end_prompt(
-            cursor.session_id,
-            RpcError(OVERLOADED, str(exc), {"reason": "overloaded", "retryAfterMs": 1000}),
-        )
+        connection.end_prompt(cursor.session_id, _closed(cursor.session_id, exc))
 
 
 def _prompt_done(call: Call, session_id: str, request_id: Any) -> None:

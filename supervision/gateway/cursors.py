@@ -307,9 +307,11 @@ class PromptCursor:
     """The updates of the turn that took one prompt, then the prompt's reply.
 
     The turn is the first one starting at or after `next_seq` whose first
-    user message (typed by a user) has the prompt's text and that no other
-    pending prompt has claimed (`claim(turn)` returns False when taken), or
-    the one the agent reports (`adopt`) when its message never reached the log.
+    user message (typed by a user) has the prompt's text (or, given
+    `message_request_id`, carries that `source.request_id`: a cluster node's
+    prompts) and that no other pending prompt has claimed (`claim(turn)`
+    returns False when taken), or the one the agent reports (`adopt`) when
+    its message never reached the log.
     """
 
     request_id: JsonId
@@ -321,6 +323,7 @@ class PromptCursor:
     turn: int | None = None
     finished: bool = False
     cancelled: bool = False
+    message_request_id: str | None = None
     _candidate: int | None = None
     _current: int | None = None
     """The turn whose events are being read (between its `turn/start` and `turn/end`)."""
@@ -346,7 +349,7 @@ class PromptCursor:
                     and isinstance(data.source, UserSource)
                 ):
                     candidate, self._candidate = self._candidate, None
-                    if _texts(data.content) == self.texts and self.claim(candidate):
+                    if self._is_prompt(data) and self.claim(candidate):
                         self.turn = candidate
                 elif isinstance(data, TurnEnd):
                     self._candidate = self._current = None
@@ -371,6 +374,12 @@ class PromptCursor:
                     )
                 )
         return frames
+
+    def _is_prompt(self, message: UserMessage) -> bool:
+        if self.message_request_id is not None:
+            source = message.source
+            return isinstance(source, UserSource) and source.request_id == self.message_request_id
+        return _texts(message.content) == self.texts
 
     def adopt(self, turn: int, framing: Framing) -> list[bytes]:
         """Make `turn` the prompt's turn, as the agent reports it (`Agent.run`), when the log

@@ -13,12 +13,14 @@ import trio.testing
 from actors.agent import (
     AgentClosedError,
     AgentOptions,
+    InboxFullError,
     Reject,
     RetryPolicy,
     TurnFailedError,
     TurnResult,
     open_agent,
 )
+from actors.agent.agent import INBOX_CAPACITY
 from actors.agent.decisions import PreStepNext, StepDecision, StepProposal
 from actors.prompt import PromptError, PromptSection, SystemPrompt
 from actors.providers import Reply, ScriptedProvider, ToolCall
@@ -164,6 +166,78 @@ async def test_run_input_dropped_by_cancel_raises() -> None:
             with pytest.raises(TurnFailedError, match=r"dropped before a turn took it") as raised:
                 await agent.run("second")
     assert raised.value.turn is None
+
+
+# -- submit() and its ticket ----------------------------------------------------------
+
+
+async def test_a_ticket_settles_with_nobody_waiting_and_answers_every_waiter_alike() -> None:
+    provider = ScriptedProvider([Reply.text("first"), Reply.text("second")])
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=provider, options=OPTIONS
+    ) as agent:
+        agent.followup("one")
+        ticket = agent.submit("two")
+        assert not ticket.settled and ticket.turn is None
+        with trio.move_on_after(0.001):  # a waiter that gives up loses nothing for others
+            await ticket.outcome()
+        await agent.when_idle()
+        assert ticket.settled and ticket.turn == 1
+        first, second = await ticket.outcome(), await ticket.outcome()
+    assert first is second and (first.turn, first.text) == (1, "second")
+
+
+async def test_a_ticket_of_a_refused_first_step_names_its_turn() -> None:
+    async def refuse(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        return Reject(reason="policy")
+
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=ScriptedProvider([]), options=OPTIONS
+    ) as agent:
+        agent.on_pre_step(refuse)
+        ticket = agent.submit("hi")
+        await agent.when_idle()
+        assert ticket.settled and ticket.turn == 0
+        with pytest.raises(TurnFailedError, match=r"was blocked"):
+            await ticket.outcome()
+
+
+async def test_a_ticket_of_dropped_input_has_no_turn_and_one_of_a_closed_agent_raises() -> None:
+    gate = trio.Event()
+
+    async def hold(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        await gate.wait()
+        return await next()
+
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=ScriptedProvider([]), options=OPTIONS
+    ) as agent:
+        agent.on_pre_step(hold)
+        agent.followup("first")
+        await trio.testing.wait_all_tasks_blocked()
+        dropped = agent.submit("second")
+        agent.cancel()
+        assert dropped.settled and dropped.turn is None
+        with pytest.raises(TurnFailedError, match=r"dropped before a turn took it"):
+            await dropped.outcome()
+        agent.followup("again")  # input after the cancel wakes a turn, held like the first
+        await trio.testing.wait_all_tasks_blocked()
+        queued = agent.submit("third")
+    assert queued.settled and queued.turn is None
+    with pytest.raises(AgentClosedError, match=r"closed before its input got a turn"):
+        await queued.outcome()
+
+
+async def test_submit_raises_at_once_on_a_full_inbox_and_a_closed_agent() -> None:
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=ScriptedProvider([]), options=OPTIONS
+    ) as agent:
+        for index in range(INBOX_CAPACITY):
+            agent.inject(f"input {index}")
+        with pytest.raises(InboxFullError):
+            agent.submit("one too many")
+    with pytest.raises(AgentClosedError, match=r"is closed"):
+        agent.submit("too late")
 
 
 # -- max_steps -------------------------------------------------------------------------

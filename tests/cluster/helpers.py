@@ -129,8 +129,19 @@ class RawNodeClient:
     async def request(self, method: str, params: dict[str, Any], *, timeout: float = 20) -> Any:
         """Send a request; return its whole reply message."""
         rpc_id = next(self._ids)
+        await self.send(rpc_id, method, params)
+        return await self.answer(rpc_id, timeout=timeout)
+
+    async def send(self, rpc_id: int, method: str, params: dict[str, Any]) -> None:
+        """Send a request under the current key without waiting for its reply."""
         message = {"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}
         await self.websocket.send_message(wire.to_node(self.key, json.dumps(message)))
+
+    async def answer(self, rpc_id: int, *, timeout: float = 20) -> Any:
+        """The reply to request `rpc_id` (of any key), read until it comes."""
+        for obj in self.received:
+            if isinstance(obj, dict) and obj.get("id") == rpc_id and "method" not in obj:
+                return obj
         with trio.fail_after(timeout):
             while True:
                 envelope = wire.parse(await self.websocket.get_message())

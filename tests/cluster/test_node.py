@@ -253,6 +253,53 @@ async def test_a_prompt_sent_again_after_its_connection_ended_follows_its_turn(
     assert len([e for e in events if isinstance(e.data, TurnStart)]) == 1  # type: ignore[attr-defined]
 
 
+async def test_a_queued_prompt_dropped_by_a_cancel_answers_cancelled_and_its_retry_runs(
+    postgres_dsn: str,
+) -> None:
+    # Its message never reaches the log, so only the agent can tell the prompt's fate: the
+    # prompt is answered `cancelled` (as on a single-process gateway), and the same request
+    # id sent again runs as a new turn instead of waiting for a message that never comes.
+    config = cluster_config(postgres_dsn, token_rate=40, reply_tokens=60)  # ~1.5 s turns
+    async with trio.open_nursery() as nursery:
+        endpoint = await nursery.start(
+            lambda task_status: run_node(config, node_id="n1", task_status=task_status)
+        )
+        async with raw_node_client(endpoint) as client:
+            await client.call(
+                "session/new",
+                {"cwd": "/", "mcpServers": [], "_meta": {"harness": {"sessionId": "s-1"}}},
+            )
+
+            def prompt(text: str, request_id: str) -> dict[str, Any]:
+                return {
+                    "sessionId": "s-1",
+                    "prompt": [{"type": "text", "text": text}],
+                    "_meta": {"harness": {"requestId": request_id}},
+                }
+
+            await client.send(98, "session/prompt", prompt("a long story", "req-live"))
+            client.key = "client-2"  # one prompt per session per connection
+            await client.call("initialize", {"protocolVersion": 1})
+            await client.send(99, "session/prompt", prompt("behind it", "req-queued"))
+            state: dict[str, Any] = {}
+            with trio.fail_after(20):
+                while state.get("inbox", {}).get("nextTurn") != 1:  # queued behind the turn
+                    state = await client.call("_harness/session/state", {"sessionId": "s-1"})
+            await client.call("_harness/session/cancel", {"sessionId": "s-1", "keepInbox": False})
+            assert (await client.answer(99))["result"]["stopReason"] == "cancelled"
+            assert (await client.answer(98))["result"]["stopReason"] == "cancelled"
+            again = await client.call("session/prompt", prompt("behind it", "req-queued"))
+            assert again["stopReason"] == "end_turn"
+        nursery.cancel_scope.cancel()
+    events = await stored_events(postgres_dsn, "s-1")
+    users = [e.data for e in events if isinstance(e.data, UserMessage)]  # type: ignore[attr-defined]
+    assert [u.source for u in users] == [
+        UserSource(request_id="req-live"),
+        UserSource(request_id="req-queued"),
+    ]
+    assert len([e for e in events if isinstance(e.data, TurnStart)]) == 2  # type: ignore[attr-defined]
+
+
 async def test_a_session_taken_over_behind_a_nodes_back_is_dropped_there(
     postgres_dsn: str,
 ) -> None:

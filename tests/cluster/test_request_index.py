@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
+from actors.agent import Reject, TurnFailedError
+from actors.agent.decisions import PreStepNext, StepDecision, StepProposal
 from actors.messages import Message, TextBlock, UserSource
 from actors.session import Event
 from actors.session.events import TurnEnd, TurnStart, UserMessage
@@ -46,17 +50,35 @@ async def test_the_index_matches_a_full_scan_after_every_turn_reading_each_event
         ids = ["r0", "r1", "r2", "r0"]  # r0 again: its latest attempt counts
         for turn, request_id in enumerate(ids):
             agent.followup(message(f"turn {turn}", request_id))
-            index.queue(request_id)
-            assert index.queued_at(request_id) is not None
+            index.queue(request_id, None)
+            assert index.queued(request_id) is not None
             await agent.when_idle()
             await session.flush()
             for known in {*ids, "never"}:
                 assert index.find(known) == scanned(session.durable_events(0), known)
             assert index.next_seq == len(session)  # read up to the head, and no further
-            assert index.queued_at(request_id) is None  # logged now
+            assert index.queued(request_id) is None  # logged now
         latest = index.find("r0")
         assert latest is not None and latest.end is not None
         assert latest.turn == max(
             e.data.turn for e in session.durable_events(0) if isinstance(e.data, TurnStart)
         )
         assert index.find("never") is None
+
+
+async def test_a_prompt_whose_turn_ended_without_its_message_stops_counting_as_queued() -> None:
+    async def refuse(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        return Reject(reason="policy")
+
+    async with running_gateway() as gateway:
+        agent = await gateway.directory.create(profile="default", owner=None)
+        agent.on_pre_step(refuse)  # the turn ends before its first step logs the message
+        index = request_index(agent.session)
+        ticket = agent.submit(message("hi", "r"))
+        index.queue("r", ticket)
+        queued = index.queued("r")
+        assert queued is not None and queued.ticket is ticket  # its turn has not ended
+        with pytest.raises(TurnFailedError, match="blocked"):
+            await ticket.outcome()
+        await agent.session.flush()  # the refused turn's end is durable
+        assert index.queued("r") is None and index.find("r") is None

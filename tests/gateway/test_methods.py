@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from actors.agent import Agent, AgentOptions, Tool
+from actors.agent.agent import INBOX_CAPACITY
 from actors.agent.decisions import PreStepNext, Reject, StepDecision, StepProposal
 from actors.messages import TextBlock, UserSource
 from actors.prompt import AssembleContext, PromptAssembly, PromptError, PromptSection
@@ -210,6 +211,23 @@ async def test_a_prompt_whose_input_is_dropped_before_its_turn_answers_cancelled
         await client.call("_harness/session/cancel", {"sessionId": sid, "keepInbox": False})
         answer = await client.answer("queued")
         assert answer["result"]["stopReason"] == "cancelled"
+
+
+async def test_a_prompt_to_a_full_inbox_is_answered_overloaded_and_queues_nothing() -> None:
+    async with _gateway() as (gateway, client):
+        sid = await _new(client)
+        agent = gateway.directory.live_agent(sid)
+        assert agent is not None
+        for index in range(INBOX_CAPACITY):
+            agent.inject(f"parked {index}")  # never wakes the agent
+        answer = await client.request("session/prompt", {"sessionId": sid, "prompt": _text("hi")})
+        assert answer["error"]["code"] == -33003
+        assert answer["error"]["data"] == {"reason": "overloaded", "retryAfterMs": 1000}
+        assert "inbox" in answer["error"]["message"]
+        assert len(agent.inbox) == INBOX_CAPACITY
+        # The connection may prompt the session again: the refused prompt left nothing behind.
+        again = await client.request("session/prompt", {"sessionId": sid, "prompt": _text("hi")})
+        assert again["error"]["code"] == -33003
 
 
 async def test_raw_input_is_the_parsed_arguments_when_an_object_else_the_raw_string() -> None:
@@ -583,3 +601,35 @@ def test_a_turn_adopted_before_the_cursor_read_it_streams_only_that_turns_update
         "id": 7,
         "result": {"stopReason": "end_turn", "_meta": {"harness": {"turn": 1}}},
     }
+
+
+def test_a_cursor_given_a_request_id_takes_the_turn_whose_message_carries_it() -> None:
+    """A cluster node's prompt is found by its request id: another prompt with the same text
+    that started earlier is not its turn."""
+    claimed: list[int] = []
+    cursor = PromptCursor(
+        request_id=8,
+        session_id="s",
+        next_seq=0,
+        texts=("same",),
+        claim=lambda turn: claimed.append(turn) is None,
+        on_done=lambda: None,
+        message_request_id="req-b",
+    )
+    data = [
+        TurnStart(turn=0),
+        StepStart(turn=0, step=0),
+        UserMessage(content=[TextBlock(text="same")], source=UserSource(request_id="req-a")),
+        AssistantChunk(turn=0, step=0, chunk=TextDelta(text="for a")),
+        TurnEnd(turn=0, reason=TurnEndReason.completed()),
+        TurnStart(turn=1),
+        StepStart(turn=1, step=0),
+        UserMessage(content=[TextBlock(text="same")], source=UserSource(request_id="req-b")),
+        AssistantChunk(turn=1, step=0, chunk=TextDelta(text="for b")),
+        TurnEnd(turn=1, reason=TurnEndReason.completed()),
+    ]
+    events = [Event(type=type_of(d), seq=seq, time=0, data=d) for seq, d in enumerate(data)]
+    frames = [json.loads(f) for f in cursor.take(events, len(events) - 1, LINE_FRAMING)]
+    assert claimed == [1]
+    assert [f["params"]["update"]["content"]["text"] for f in frames[:-1]] == ["for b"]
+    assert frames[-1]["result"]["_meta"] == {"harness": {"turn": 1}}
