@@ -429,10 +429,11 @@ class Agent:
         try:
             ticket.settle(result=turn_result(self.session.id, events[first : last + 1]))
         except TurnFailedError as failed:
-            ticket.settle(error=failed)
+            ticket.settle(error=failed, requeued=self._loop.inbox.parks_for_a_turn(message))
 
     def close(self) -> None:
-        """Refuse further input and fail every `run()` still waiting (`AgentClosedError`).
+        """Refuse further input and settle every unsettled `TurnTicket` (so every `run()`
+        still waiting) with `AgentClosedError`.
 
         Called by `open_agent` when it exits; idempotent.
         """

@@ -80,6 +80,10 @@ class Inbox:
             self._next_turn.insert(0, claim.turn_message)
         self._next_step[:0] = claim.step_messages
 
+    def parks_for_a_turn(self, message: Message) -> bool:
+        """True when `message` itself (not an equal one) is parked for a turn of its own."""
+        return any(parked is message for parked in self._next_turn)
+
     def clear(self) -> None:
         """Drop every parked message."""
         self._next_turn.clear()

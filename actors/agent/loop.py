@@ -598,14 +598,16 @@ def _shared_config(config: dict[str, Any]) -> Mapping[str, Any]:
         TypeError: `config` is not a JSON object of JSON-like values (names the path).
     """
     try:
-        return _frozen_config(tuple(config.items()))
+        # Each value's type is in the key: 1, 1.0 and True are equal and hash alike, but
+        # are sent (and logged) as different JSON.
+        return _frozen_config(tuple((key, type(value), value) for key, value in config.items()))
     except TypeError:  # an unhashable value: frozen on its own, or refused by name
         return freeze_object(config, where="config")
 
 
 @functools.lru_cache(maxsize=64)
-def _frozen_config(items: tuple[tuple[str, Any], ...]) -> Mapping[str, Any]:
-    return freeze_object(dict(items), where="config")
+def _frozen_config(items: tuple[tuple[str, type, Any], ...]) -> Mapping[str, Any]:
+    return freeze_object({key: value for key, _, value in items}, where="config")
 
 
 async def _decide_from(

@@ -76,6 +76,7 @@ class TurnTicket:
     _done: trio.Event = attrs.field(factory=trio.Event)
     _result: TurnResult | None = None
     _error: TurnFailedError | AgentClosedError | None = None
+    _requeued: bool = False
 
     @property
     def settled(self) -> bool:
@@ -90,14 +91,23 @@ class TurnTicket:
             return self._result.turn
         return self._error.turn if isinstance(self._error, TurnFailedError) else None
 
+    @property
+    def requeued(self) -> bool:
+        """True when the turn that took the input failed or was aborted before its first
+        step opened and the input went back to the inbox, parked: it is not logged yet and
+        runs at the agent's next wake (`outcome()` still reports that first turn)."""
+        return self._requeued
+
     def settle(
         self,
         result: TurnResult | None = None,
         error: TurnFailedError | AgentClosedError | None = None,
+        *,
+        requeued: bool = False,
     ) -> None:
         """Record the outcome (the agent does this); later calls are ignored."""
         if not self._done.is_set():
-            self._result, self._error = result, error
+            self._result, self._error, self._requeued = result, error, requeued
             self._done.set()
 
     async def outcome(self) -> TurnResult:

@@ -392,16 +392,6 @@ class _Runs:
         self._kind = None
 
 
-def _optional_list(obj: Mapping[str, Any], key: str) -> list[Any]:
-    """`obj[key]` when it is a list, `[]` when it is missing or null."""
-    value = obj.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise _Malformed(f"{key} is not a list")
-    return value
-
-
 def _optional_object(obj: Mapping[str, Any], key: str, what: str) -> dict[str, Any]:
     """`obj[key]` when it is an object, `{}` when it is missing or null."""
     value = obj.get(key)

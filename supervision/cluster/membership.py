@@ -267,7 +267,7 @@ class Membership:
             await trio.to_thread.run_sync(
                 _leave_and_close, connection, info, abandon_on_cancel=True
             )
-        except MembershipError as exc:
+        except (MembershipError, psycopg.Error) as exc:
             log.warning("node %r: could not leave the membership: %s", info.node_id, exc)
 
     async def live_nodes(self) -> tuple[NodeInfo, ...]:

@@ -28,6 +28,7 @@ import attrs
 import trio
 import trio_websocket
 
+from actors.boundary import one_exception
 from actors.session.postgres_store import PostgresStore
 from supervision.cluster.membership import Membership, MembershipView
 from supervision.cluster.node_methods import NODE_METHODS, lease_owner
@@ -388,35 +389,47 @@ async def run_node(
                     listeners = await trio.open_tcp_listeners(port, host=host)
                 except OSError as exc:
                     raise NodeError(f"node {node_id!r} cannot listen on {listen}: {exc}") from exc
-                bound = listeners[0].socket.getsockname()[1]
-                async with trio.open_nursery() as nursery:
-                    endpoint = f"ws://{_url_host(host)}:{bound}"
-                    gateway = node_gateway(
-                        deployment,
-                        profiles_of(deployment),
-                        token,
-                        node_id=node_id,
-                        host=host,
-                        port=bound,
-                    )
-                    await nursery.start(gateway.fanout.run)
-                    store.lease_lost = LostSessions(gateway=gateway, nursery=nursery).drop
-                    await nursery.start(trio.serve_listeners, serve_stream, listeners)
-                    await nursery.start(membership.serve_node, node_id, endpoint)
-                    view: MembershipView = await nursery.start(membership.serve_view)
-                    nursery.start_soon(Rebalancer(gateway=gateway, view=view, node_id=node_id).run)
-                    log.info("node %s listening on %s", node_id, endpoint)
-                    # From here on the node stops only through `stopping`, so that its
-                    # shutdown runs in order: leave, close the streams, end the turns, flush.
-                    shield.shield = True
-                    task_status.started(endpoint)
-                    await stopping.wait()
-                    nursery.cancel_scope.cancel()
+                try:
+                    if len(listeners) != 1:
+                        # Each would get a port of its own, and the node registers one endpoint.
+                        raise NodeError(
+                            f"node {node_id!r}: {listen} resolves to {len(listeners)} addresses;"
+                            " give one address to listen on"
+                        )
+                    bound = listeners[0].socket.getsockname()[1]
+                    async with trio.open_nursery() as nursery:
+                        endpoint = f"ws://{_url_host(host)}:{bound}"
+                        gateway = node_gateway(
+                            deployment,
+                            profiles_of(deployment),
+                            token,
+                            node_id=node_id,
+                            host=host,
+                            port=bound,
+                        )
+                        await nursery.start(gateway.fanout.run)
+                        store.lease_lost = LostSessions(gateway=gateway, nursery=nursery).drop
+                        await nursery.start(trio.serve_listeners, serve_stream, listeners)
+                        await nursery.start(membership.serve_node, node_id, endpoint)
+                        view: MembershipView = await nursery.start(membership.serve_view)
+                        rebalancer = Rebalancer(gateway=gateway, view=view, node_id=node_id)
+                        nursery.start_soon(rebalancer.run)
+                        log.info("node %s listening on %s", node_id, endpoint)
+                        # From here on the node stops only through `stopping`, so that its
+                        # shutdown runs in order: leave, close the streams, end the turns, flush.
+                        shield.shield = True
+                        task_status.started(endpoint)
+                        await stopping.wait()
+                        nursery.cancel_scope.cancel()
+                finally:
+                    for listener in listeners:
+                        await trio.aclose_forcefully(listener)
 
-    async with trio.open_nursery() as outer:
-        endpoint: str = await outer.start(host_sessions)
-        task_status.started(endpoint)
-        try:
-            await trio.sleep_forever()
-        finally:
-            stopping.set()
+    with one_exception():  # the node's own error (NodeError, ...), not its nurseries' group
+        async with trio.open_nursery() as outer:
+            endpoint: str = await outer.start(host_sessions)
+            task_status.started(endpoint)
+            try:
+                await trio.sleep_forever()
+            finally:
+                stopping.set()

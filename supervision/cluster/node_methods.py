@@ -21,9 +21,9 @@ gateway, with three changes for the cluster:
   followed (still running) or replayed (ended) and answered from the log.
   Only an attempt the previous owner's death cut off (its turn ended
   `interrupted`), or one whose message can no longer reach the log (dropped
-  by a cancel, or its turn's first step never opened: answered `cancelled`,
-  `refusal` or an error as on a single-process gateway), is run again, as a
-  new turn with the same request id. A
+  by a cancel, or refused by a pre-step listener before its first step
+  opened: answered `cancelled` or `refusal`, as on a single-process
+  gateway), is run again, as a new turn with the same request id. A
   send whose request id is logged or queued is answered accepted and not
   queued again. The lookup is `supervision.cluster.request_index`.
 """

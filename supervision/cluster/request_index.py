@@ -5,10 +5,12 @@ A node logs the user message of every `session/prompt` and
 (`source.request_id`). Before it queues such a message it asks the
 session's `RequestIndex` whether that id is already in the log, or queued
 here and not logged yet, so a retry is never logged twice. A queued prompt
-whose message can no longer be logged (its `TurnTicket` settled without a
-turn, or with a turn whose durable end came without the message: dropped
-by a cancel, or its turn's first step never opened) stops counting as
-queued, so a retry runs it again instead of waiting for it.
+whose message can no longer be logged stops counting as queued, so a retry
+runs it again instead of waiting for it: its `TurnTicket` settled without a
+turn (dropped by a cancel), or with a turn whose durable end came without
+the message and without putting it back in the inbox (refused by a
+pre-step listener). A message put back (its turn failed or was aborted
+before its first step opened) is still queued: it runs at the next wake.
 
 The index of a session is built on first use from its durable events and
 brought up to date from the events appended since, each event read once
@@ -82,12 +84,14 @@ class RequestIndex:
     def queued(self, request_id: str) -> QueuedAttempt | None:
         """`request_id`'s message queued here while it may still be logged; None when it
         is logged (durably), or can no longer be: its ticket settled without a turn, or
-        with a turn whose durable `turn/end` was read without the message."""
+        with a turn whose durable `turn/end` was read without the message, which did not
+        go back to the inbox."""
         self._catch_up()
         attempt = self._queued.get(request_id)
-        if attempt is None or attempt.ticket is None or not attempt.ticket.settled:
+        ticket = attempt.ticket if attempt is not None else None
+        if ticket is None or not ticket.settled or ticket.requeued:
             return attempt
-        turn = attempt.ticket.turn
+        turn = ticket.turn
         if turn is not None and turn > self._ended_through:
             return attempt
         del self._queued[request_id]

@@ -270,8 +270,9 @@ class Router:
 
     def live_holder(self, holder_node: object, answered_by: NodeInfo) -> NodeInfo | None:
         """The holder a `MOVED` from `answered_by` names, when it is another node in the
-        view (the answering node's own name is an earlier incarnation of it: gone; a node
-        whose link just dropped is excluded by the caller)."""
+        view (the answering node's own name is an earlier incarnation of it: gone). A node
+        whose stream just dropped may still be named: the caller then waits out its lease
+        and asks it again."""
         if not isinstance(holder_node, str) or holder_node == answered_by.node_id:
             return None
         return next((n for n in self.view.nodes if n.node_id == holder_node), None)

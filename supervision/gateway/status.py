@@ -185,6 +185,8 @@ class WatchCursor:
     """With a `status` filter: the sessions whose last written change had that status."""
     _connection: Connection | None = attrs.field(default=None, init=False)
     """The connection `serve` writes to (None until it starts)."""
+    _writing: bool = attrs.field(default=False, init=False)
+    """`serve` holds changes it took and has not queued yet: none may be written ahead."""
 
     @property
     def pending(self) -> int:
@@ -194,8 +196,8 @@ class WatchCursor:
     def record(self, session_id: str, change: str, status: str | None) -> None:
         """Note a change of `session_id` for the watch, when the watch covers the session.
 
-        Never blocks. With nothing of the watch pending and room in the log
-        lane, the change is written at once. Otherwise it is pending: a
+        Never blocks. With nothing of the watch pending or being written by
+        `serve`, and room in the log lane, the change is written at once. Otherwise it is pending: a
         "status" replaces the session's pending status (or updates its
         pending "added"); a "removed" drops the pending statuses before it
         (its session is gone) and is noted once.
@@ -223,7 +225,7 @@ class WatchCursor:
         changes = self._pending.get(session_id)
         if changes is None:
             pending = _Pending(change=kind, status=status)
-            if not self._pending and self._write_now(session_id, pending):
+            if not self._pending and not self._writing and self._write_now(session_id, pending):
                 return
             self._pending[session_id] = [pending]
         elif kind == "status" and changes[-1].change != "removed":
@@ -262,13 +264,17 @@ class WatchCursor:
                         self._ready = trio.Event()
                     await self._ready.wait()
                 frames = []
-                for session_id, changes in self.take():
-                    for pending in changes:
-                        session = await self._describe(session_id, pending)
-                        if session is not None:
-                            frames.append(self._frame(connection, pending, session))
-                if frames:
-                    await connection.outbox.put_log(frames)
+                self._writing = True
+                try:
+                    for session_id, changes in self.take():
+                        for pending in changes:
+                            session = await self._describe(session_id, pending)
+                            if session is not None:
+                                frames.append(self._frame(connection, pending, session))
+                    if frames:
+                        await connection.outbox.put_log(frames)
+                finally:
+                    self._writing = False
         except OutboxClosed:
             return
         except Exception:

@@ -21,7 +21,7 @@ from actors.agent import (
     open_agent,
 )
 from actors.agent.agent import INBOX_CAPACITY
-from actors.agent.decisions import PreStepNext, StepDecision, StepProposal
+from actors.agent.decisions import FailTurn, PreStepNext, StepDecision, StepProposal
 from actors.prompt import PromptError, PromptSection, SystemPrompt
 from actors.providers import Reply, ScriptedProvider, ToolCall
 from actors.providers.chunks import Usage
@@ -200,6 +200,31 @@ async def test_a_ticket_of_a_refused_first_step_names_its_turn() -> None:
         assert ticket.settled and ticket.turn == 0
         with pytest.raises(TurnFailedError, match=r"was blocked"):
             await ticket.outcome()
+
+
+async def test_a_ticket_of_a_first_step_that_failed_says_its_input_went_back_to_the_inbox() -> None:
+    failures = [FailTurn("not now", code="later")]
+
+    async def fail_once(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        if failures:
+            raise failures.pop()
+        return await next()
+
+    provider = ScriptedProvider([Reply.text("for hi"), Reply.text("for wake up")])
+    async with open_agent(
+        system_prompt=SystemPrompt(), provider=provider, options=OPTIONS
+    ) as agent:
+        agent.on_pre_step(fail_once)
+        ticket = agent.submit("hi")
+        await agent.when_idle()
+        assert ticket.settled and ticket.requeued and ticket.turn == 0
+        with pytest.raises(TurnFailedError, match="not now"):
+            await ticket.outcome()
+        assert agent.inbox.parks_for_a_turn(ticket.message)  # parked, not lost
+        result = await agent.run("wake up")  # the parked input runs first, in a turn of its own
+    assert (result.turn, result.text) == (2, "for wake up")
+    texts = [b.text for m in data_of(agent.session, "user/message") for b in m.content]
+    assert texts == ["hi", "wake up"]
 
 
 async def test_a_ticket_of_dropped_input_has_no_turn_and_one_of_a_closed_agent_raises() -> None:

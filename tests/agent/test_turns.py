@@ -103,6 +103,25 @@ async def test_agents_with_equal_options_log_one_shared_frozen_config() -> None:
         configs[0]["model"] = "other"  # type: ignore[index]
 
 
+async def test_configs_equal_but_for_a_values_type_are_not_shared() -> None:
+    # 1, 1.0 and True are equal in Python, but not the same JSON on the wire or in the log.
+    configs = []
+    for temperature, stream_flag in ((1, 1), (1.0, True)):
+        provider = ScriptedProvider([Reply.text("a")])
+        options = AgentOptions(model="m", temperature=temperature, extra={"flag": stream_flag})
+        async with open_agent(
+            system_prompt=SystemPrompt(), provider=provider, options=options
+        ) as a:
+            a.followup("hi")
+            await a.when_idle()
+        configs.append(data_of(a.session, "request/header")[0].header.config)
+    assert configs[0] is not configs[1]
+    assert [(type(c["temperature"]), type(c["flag"])) for c in configs] == [
+        (int, int),
+        (float, bool),
+    ]
+
+
 async def test_changed_section_logs_a_change_header() -> None:
     prompt = SystemPrompt(persona="p")
     provider = ScriptedProvider([Reply.text("a"), Reply.text("b")])

@@ -283,3 +283,32 @@ async def test_a_blackholed_database_never_holds_up_cancellation() -> None:
     for stream in held:
         await stream.aclose()
     await listener.aclose()
+
+
+class _FailingDelete:
+    """A live connection whose DELETE fails as a dropped server makes it fail."""
+
+    broken = False
+
+    def __enter__(self) -> _FailingDelete:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def transaction(self) -> _FailingDelete:
+        return self
+
+    def execute(self, *args: object) -> None:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+
+async def test_a_leave_whose_delete_fails_is_logged_and_does_not_escape(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    membership = Membership("postgresql://unused")
+    link = membership_module._Link(connection=_FailingDelete())  # type: ignore[arg-type]
+    info = NodeInfo(node_id="n1", endpoint="ws://127.0.0.1:1", incarnation="i1")
+    await membership._leave(link, info)
+    assert link.connection is None
+    assert "node 'n1': could not leave the membership: server closed" in caplog.text

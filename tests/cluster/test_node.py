@@ -21,7 +21,13 @@ from actors.messages import UserSource
 from actors.session.events import TurnStart, UserMessage
 from actors.session.postgres_store import PostgresStore
 from supervision.cluster import Membership, wire
-from supervision.cluster.node import ENVELOPE_BYTES, NodeStream, _ClientTransport, run_node
+from supervision.cluster.node import (
+    ENVELOPE_BYTES,
+    NodeError,
+    NodeStream,
+    _ClientTransport,
+    run_node,
+)
 from supervision.cluster.wire import MOVED
 from supervision.config import ConfigError, parse_config
 from tests.cluster.helpers import CLUSTER_SECRET, cluster_config, raw_node_client, write_config
@@ -361,3 +367,22 @@ async def test_a_long_batch_reaches_the_gateway_in_envelopes_of_bounded_size() -
     assert len(envelopes) > 1
     assert all(len(text) < 2 * ENVELOPE_BYTES for text in sent)
     assert [t.encode() for e in envelopes for t in e.texts] == frames  # all, in order
+
+
+async def test_a_node_refuses_a_listen_address_of_several_sockets_and_closes_them(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A host name that resolves to IPv4 and IPv6 gets a listener (and a port) for each,
+    # and the node registers one endpoint: refused, naming the address, nothing left open.
+    opened: list[trio.SocketListener] = []
+    open_listeners = trio.open_tcp_listeners
+
+    async def two_listeners(port: int, *, host: str | None = None) -> list[trio.SocketListener]:
+        for _ in range(2):
+            opened.extend(await open_listeners(0, host="127.0.0.1"))
+        return opened
+
+    monkeypatch.setattr(trio, "open_tcp_listeners", two_listeners)
+    with pytest.raises(NodeError, match=r"'n1': dual\.example:0 resolves to 2 addresses"):
+        await run_node(cluster_config(postgres_dsn), node_id="n1", listen="dual.example:0")
+    assert len(opened) == 2 and all(listener.socket.fileno() == -1 for listener in opened)

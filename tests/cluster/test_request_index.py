@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from actors.agent import Reject, TurnFailedError
-from actors.agent.decisions import PreStepNext, StepDecision, StepProposal
+from actors.agent.decisions import FailTurn, PreStepNext, StepDecision, StepProposal
 from actors.messages import Message, TextBlock, UserSource
 from actors.session import Event
 from actors.session.events import TurnEnd, TurnStart, UserMessage
@@ -82,3 +82,35 @@ async def test_a_prompt_whose_turn_ended_without_its_message_stops_counting_as_q
             await ticket.outcome()
         await agent.session.flush()  # the refused turn's end is durable
         assert index.queued("r") is None and index.find("r") is None
+
+
+async def test_a_prompt_put_back_by_a_failed_first_step_still_counts_as_queued() -> None:
+    failures = [FailTurn("not now", code="later")]
+
+    async def fail_once(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        if failures:
+            raise failures.pop()
+        return await next()
+
+    async with running_gateway() as gateway:
+        agent = await gateway.directory.create(profile="default", owner=None)
+        agent.on_pre_step(fail_once)  # the message goes back to the inbox, parked
+        index = request_index(agent.session)
+        ticket = agent.submit(message("hi", "r"))
+        index.queue("r", ticket)
+        with pytest.raises(TurnFailedError, match="not now"):
+            await ticket.outcome()
+        await agent.session.flush()
+        # A retry must not queue it again: it is parked and runs at the next wake.
+        queued = index.queued("r")
+        assert queued is not None and queued.ticket is ticket and ticket.requeued
+        agent.followup(message("wake up", "w"))
+        await agent.when_idle()
+        await agent.session.flush()
+        assert index.queued("r") is None  # logged now, once
+        logged = [
+            e.data.source.request_id
+            for e in agent.session.durable_events(0)
+            if isinstance(e.data, UserMessage) and isinstance(e.data.source, UserSource)
+        ]
+        assert logged == ["r", "w"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -11,6 +12,7 @@ from actors.agent import AgentOptions
 from actors.providers.simulator import SimulatorConfig
 from supervision.gateway import AgentProfile
 from supervision.gateway.auth import Principal
+from supervision.gateway.sessions import SessionDirectory
 from supervision.gateway.status import WatchCursor
 from tests.gateway.helpers import ALL, RpcClient, connect, running_gateway, stalled_client
 
@@ -217,6 +219,42 @@ async def test_a_watch_coalesces_each_sessions_unwritten_changes() -> None:
         assert cursor.pending == 0
         for (_, changes), (_, written) in zip(taken, cases, strict=True):
             assert [(c.change, c.status) for c in changes] == written
+
+
+async def test_a_change_recorded_while_the_writer_reads_the_store_goes_after_the_older_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A change of a session whose summary needs the store is written by the watch's task,
+    which awaits the store; a newer change recorded meanwhile must not overtake it."""
+    store_read = trio.Event()
+    summaries: dict[str, dict[str, Any] | None] = {}
+
+    def summary_now(self: SessionDirectory, session_id: str) -> dict[str, Any] | None:
+        return summaries.get(session_id)
+
+    async def summary(self: SessionDirectory, session_id: str) -> dict[str, Any]:
+        await store_read.wait()
+        return {"sessionId": session_id, "status": "running"}
+
+    monkeypatch.setattr(SessionDirectory, "summary_now", summary_now)
+    monkeypatch.setattr(SessionDirectory, "summary", summary)
+    async with running_gateway() as gateway, connect(gateway) as watcher:
+        (connection,) = gateway.connections
+        cursor = WatchCursor(
+            subscription="w", directory=gateway.directory, principal=Principal(token=ALL)
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cursor.serve, connection)
+            await trio.testing.wait_all_tasks_blocked()
+            cursor.record("s", "status", "running")  # needs the store: the task writes it
+            await trio.testing.wait_all_tasks_blocked()  # the task is reading the store
+            summaries["s"] = {"sessionId": "s", "status": "idle"}
+            cursor.record("s", "status", "idle")  # could be written at once, but must wait
+            store_read.set()
+            with trio.fail_after(10):
+                await watcher.wait_for(lambda n: n["params"]["session"].get("status") == "idle")
+            nursery.cancel_scope.cancel()
+    assert _changes_of(watcher) == [("s", "status", "running"), ("s", "status", "idle")]
 
 
 def _changes_of(watcher: RpcClient) -> list[tuple[str, str, str | None]]:
