@@ -14,8 +14,6 @@ sessions that advanced since it last looked, however many commits that was.
 
 from __future__ import annotations
 
-import math
-
 import attrs
 import trio
 
@@ -116,15 +114,12 @@ class DurableChanges:
     notes: int = attrs.field(default=0, init=False)
     """Reports so far (each `note`, repeats of a session included): a reader compares two
     readings to learn whether anything was committed in between."""
-    last_note_at: float = attrs.field(default=-math.inf, init=False)
-    """When the last report came (`trio.current_time()`), -inf before any."""
     _changed: dict[str, None] = attrs.field(factory=dict, init=False)
     _wakeup: trio.Event | None = attrs.field(default=None, init=False)
 
     def note(self, session_id: str) -> None:
         """Report `session_id` as changed (the marks do this; a reader may too, to re-check it)."""
         self.notes += 1
-        self.last_note_at = trio.current_time()
         self._changed[session_id] = None
         wakeup = self._wakeup
         if wakeup is not None:

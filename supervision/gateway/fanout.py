@@ -5,9 +5,9 @@ the sessions whose durable mark advanced. The pump waits for that (the
 agents never wait for it), lets the runtime commit for another `linger`
 (5 ms, so a streamed step goes out in one batch, not one per chunk;
 longer when the last round took long to hand out, see `FEED_LINGER_PER_WORK`:
-a saturated runtime gets fewer, larger rounds; and on until no commit came
-for `FEED_LINGER_QUIET_SECONDS`, see `FEED_LINGER_STREAMING_SECONDS`: a step
-still streaming goes out whole),
+a saturated runtime gets fewer, larger rounds; and while commits keep coming
+in its last `FEED_LINGER_QUIET_SECONDS`, until they pause, see
+`FEED_LINGER_STREAMING_SECONDS`: a step still streaming goes out whole),
 takes every session reported since (in the order they first committed),
 and for each one that has a feed reads
 its new durable events from the live log, without waiting, and hands the
@@ -189,22 +189,22 @@ class Fanout:
             self._feeds.clear()
 
     async def _linger(self, listener: DurableChanges, wait: float) -> None:
-        """Sleep `wait`, then on until `linger_quiet` has passed since the last commit (a
-        step still streaming goes out whole), `linger_streaming` in all at most.
+        """Sleep `wait`, and on while its last `linger_quiet` saw commits (a step still
+        streaming), until a `linger_quiet` without any, `linger_streaming` in all at most.
 
-        A debounce timer re-armed lazily: each sleep ends when the quiet time would be over
-        given the commits known when it began (commits only move `last_note_at`, waking
-        nothing), so the pump wakes once per `linger_quiet` of streaming at most, and never
-        spins (not even with a `linger_quiet` of 0).
+        A bounded timer, not a poll for a condition: each `linger_quiet` is slept whole, so
+        a streaming step wakes the pump once per `linger_quiet` whatever its commits
+        (commits wake nothing here; a sleep re-armed at each commit's quiet deadline, tried,
+        woke it up to twice as often).
         """
         start = trio.current_time()
-        await trio.sleep(wait)
-        end = start + max(wait, self.linger_streaming)
+        quiet = min(self.linger_quiet, wait)
+        await trio.sleep(wait - quiet)
         while True:
-            until = min(listener.last_note_at + self.linger_quiet, end)
-            if until <= trio.current_time():
+            notes = listener.notes
+            await trio.sleep(quiet)
+            if listener.notes == notes or trio.current_time() - start >= self.linger_streaming:
                 return
-            await trio.sleep_until(until)
 
     def next_linger(self, idle: float) -> float:
         """How long the pump woken `idle` seconds after its last round waits: `linger`, or what
