@@ -9,11 +9,47 @@ from typing import Any
 
 import trio
 
+from actors.agent.decisions import (
+    FailTurn,
+    PreStepListener,
+    PreStepNext,
+    Reject,
+    StepDecision,
+    StepProposal,
+)
 from actors.messages import PluginSource
 from actors.providers import GenerateRequest, Reply, ScriptedProvider
 from actors.providers.chunks import Chunk
 from actors.session import MemoryStore, Session
 from actors.session.events import UserMessage
+
+
+async def refuse(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+    """A pre-step listener that refuses every step (its turn ends `blocked`)."""
+    return Reject(reason="policy")
+
+
+def fail_first_step_once() -> PreStepListener:
+    """A pre-step listener that fails the first step it sees ("not now", before the step
+    opens: its input goes back to the inbox) and lets every later one through."""
+    failures = [FailTurn("not now", code="later")]
+
+    async def fail_once(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        if failures:
+            raise failures.pop()
+        return await next()
+
+    return fail_once
+
+
+def held_until(gate: trio.Event) -> PreStepListener:
+    """A pre-step listener that holds every step until `gate` is set."""
+
+    async def hold(proposal: StepProposal, next: PreStepNext) -> StepDecision:
+        await gate.wait()
+        return await next()
+
+    return hold
 
 
 def types(session: Session) -> list[str]:

@@ -14,21 +14,25 @@ from actors.agent import (
     AgentClosedError,
     AgentOptions,
     InboxFullError,
-    Reject,
     RetryPolicy,
     TurnFailedError,
     TurnResult,
     open_agent,
 )
 from actors.agent.agent import INBOX_CAPACITY
-from actors.agent.decisions import FailTurn, PreStepNext, StepDecision, StepProposal
 from actors.prompt import PromptError, PromptSection, SystemPrompt
 from actors.providers import Reply, ScriptedProvider, ToolCall
 from actors.providers.chunks import Usage
 from actors.providers.openai_compat import OpenAICompatProvider
 from actors.providers.simulator import SimulatorEngine, simulator_transport
 from actors.session import SessionError, SQLiteStore
-from tests.agent.helpers import data_of, turn_end_kinds
+from tests.agent.helpers import (
+    data_of,
+    fail_first_step_once,
+    held_until,
+    refuse,
+    turn_end_kinds,
+)
 from tests.agent.test_turns import ECHO
 
 OPTIONS = AgentOptions(model="m")
@@ -103,9 +107,6 @@ async def test_run_raises_for_a_persona_with_an_unknown_variable() -> None:
 
 
 async def test_run_raises_for_a_blocked_turn() -> None:
-    async def refuse(proposal: StepProposal, next: PreStepNext) -> StepDecision:
-        return Reject(reason="policy")
-
     async with open_agent(
         system_prompt=SystemPrompt(), provider=ScriptedProvider([]), options=OPTIONS
     ) as agent:
@@ -144,16 +145,10 @@ async def test_run_waits_for_its_own_turn_not_an_earlier_one() -> None:
 
 
 async def test_run_input_dropped_by_cancel_raises() -> None:
-    gate = trio.Event()
-
-    async def hold(proposal: StepProposal, next: PreStepNext) -> StepDecision:
-        await gate.wait()
-        return await next()
-
     async with open_agent(
         system_prompt=SystemPrompt(), provider=ScriptedProvider([Reply.text("a")]), options=OPTIONS
     ) as agent:
-        agent.on_pre_step(hold)
+        agent.on_pre_step(held_until(trio.Event()))
         agent.followup("first")
         await trio.testing.wait_all_tasks_blocked()
 
@@ -188,9 +183,6 @@ async def test_a_ticket_settles_with_nobody_waiting_and_answers_every_waiter_ali
 
 
 async def test_a_ticket_of_a_refused_first_step_names_its_turn() -> None:
-    async def refuse(proposal: StepProposal, next: PreStepNext) -> StepDecision:
-        return Reject(reason="policy")
-
     async with open_agent(
         system_prompt=SystemPrompt(), provider=ScriptedProvider([]), options=OPTIONS
     ) as agent:
@@ -203,18 +195,11 @@ async def test_a_ticket_of_a_refused_first_step_names_its_turn() -> None:
 
 
 async def test_a_ticket_of_a_first_step_that_failed_says_its_input_went_back_to_the_inbox() -> None:
-    failures = [FailTurn("not now", code="later")]
-
-    async def fail_once(proposal: StepProposal, next: PreStepNext) -> StepDecision:
-        if failures:
-            raise failures.pop()
-        return await next()
-
     provider = ScriptedProvider([Reply.text("for hi"), Reply.text("for wake up")])
     async with open_agent(
         system_prompt=SystemPrompt(), provider=provider, options=OPTIONS
     ) as agent:
-        agent.on_pre_step(fail_once)
+        agent.on_pre_step(fail_first_step_once())
         ticket = agent.submit("hi")
         await agent.when_idle()
         assert ticket.settled and ticket.requeued and ticket.turn == 0
@@ -228,16 +213,10 @@ async def test_a_ticket_of_a_first_step_that_failed_says_its_input_went_back_to_
 
 
 async def test_a_ticket_of_dropped_input_has_no_turn_and_one_of_a_closed_agent_raises() -> None:
-    gate = trio.Event()
-
-    async def hold(proposal: StepProposal, next: PreStepNext) -> StepDecision:
-        await gate.wait()
-        return await next()
-
     async with open_agent(
         system_prompt=SystemPrompt(), provider=ScriptedProvider([]), options=OPTIONS
     ) as agent:
-        agent.on_pre_step(hold)
+        agent.on_pre_step(held_until(trio.Event()))
         agent.followup("first")
         await trio.testing.wait_all_tasks_blocked()
         dropped = agent.submit("second")
@@ -345,12 +324,6 @@ async def test_run_after_close_raises_agent_closed_error() -> None:
 
 
 async def test_run_waiting_when_the_agent_closes_raises() -> None:
-    gate = trio.Event()
-
-    async def hold(proposal: StepProposal, next: PreStepNext) -> StepDecision:
-        await gate.wait()
-        return await next()
-
     failures: list[BaseException] = []
     async with (
         trio.open_nursery() as nursery,
@@ -358,7 +331,7 @@ async def test_run_waiting_when_the_agent_closes_raises() -> None:
             system_prompt=SystemPrompt(), provider=ScriptedProvider([]), options=OPTIONS
         ) as agent,
     ):
-        agent.on_pre_step(hold)
+        agent.on_pre_step(held_until(trio.Event()))
         agent.followup("first")
 
         async def wait_run() -> None:

@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,7 +32,13 @@ from supervision.cluster.node import (
 )
 from supervision.cluster.wire import MOVED
 from supervision.config import ConfigError, parse_config
-from tests.cluster.helpers import CLUSTER_SECRET, cluster_config, raw_node_client, write_config
+from tests.cluster.helpers import (
+    CLUSTER_SECRET,
+    RawNodeClient,
+    cluster_config,
+    raw_node_client,
+    write_config,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -222,13 +230,10 @@ async def test_a_stream_whose_websocket_fails_is_lost_not_the_node(
         logger.removeHandler(failures)
 
 
-async def test_a_prompt_sent_again_after_its_connection_ended_follows_its_turn(
-    postgres_dsn: str,
-) -> None:
-    # A gateway that loses its stream (the node stalled) sends the prompt again, with its
-    # request id, on a new connection: the turn still running is followed, not lost to
-    # the first connection's claim on it.
-    config = cluster_config(postgres_dsn, token_rate=40, reply_tokens=60)  # ~1.5 s turns
+@asynccontextmanager
+async def _node_with_slow_session(postgres_dsn: str) -> AsyncIterator[RawNodeClient]:
+    """A node whose turns take ~1.5 s, and a raw client of it with the session `s-1` made."""
+    config = cluster_config(postgres_dsn, token_rate=40, reply_tokens=60)
     async with trio.open_nursery() as nursery:
         endpoint = await nursery.start(
             lambda task_status: run_node(config, node_id="n1", task_status=task_status)
@@ -238,23 +243,33 @@ async def test_a_prompt_sent_again_after_its_connection_ended_follows_its_turn(
                 "session/new",
                 {"cwd": "/", "mcpServers": [], "_meta": {"harness": {"sessionId": "s-1"}}},
             )
-            prompt = {
-                "sessionId": "s-1",
-                "prompt": [{"type": "text", "text": "hello"}],
-                "_meta": {"harness": {"requestId": "req-1"}},
-            }
-            message = {"jsonrpc": "2.0", "id": 99, "method": "session/prompt", "params": prompt}
-            await client.websocket.send_message(wire.to_node(client.key, json.dumps(message)))
-            await trio.sleep(0.3)  # the turn runs
-            await client.websocket.send_message(wire.end_to_node(client.key))
-            with trio.fail_after(10):  # the node confirms the end of the first connection
-                while wire.parse(await client.websocket.get_message()).end is None:
-                    pass
-            client.key = "client-2"
-            await client.call("initialize", {"protocolVersion": 1})
-            again = await client.call("session/prompt", prompt, timeout=20)
-            assert again["stopReason"] == "end_turn"
+            yield client
         nursery.cancel_scope.cancel()
+
+
+async def test_a_prompt_sent_again_after_its_connection_ended_follows_its_turn(
+    postgres_dsn: str,
+) -> None:
+    # A gateway that loses its stream (the node stalled) sends the prompt again, with its
+    # request id, on a new connection: the turn still running is followed, not lost to
+    # the first connection's claim on it.
+    async with _node_with_slow_session(postgres_dsn) as client:
+        prompt = {
+            "sessionId": "s-1",
+            "prompt": [{"type": "text", "text": "hello"}],
+            "_meta": {"harness": {"requestId": "req-1"}},
+        }
+        message = {"jsonrpc": "2.0", "id": 99, "method": "session/prompt", "params": prompt}
+        await client.websocket.send_message(wire.to_node(client.key, json.dumps(message)))
+        await trio.sleep(0.3)  # the turn runs
+        await client.websocket.send_message(wire.end_to_node(client.key))
+        with trio.fail_after(10):  # the node confirms the end of the first connection
+            while wire.parse(await client.websocket.get_message()).end is None:
+                pass
+        client.key = "client-2"
+        await client.call("initialize", {"protocolVersion": 1})
+        again = await client.call("session/prompt", prompt, timeout=20)
+        assert again["stopReason"] == "end_turn"
     events = await stored_events(postgres_dsn, "s-1")
     assert len([e for e in events if isinstance(e.data, TurnStart)]) == 1  # type: ignore[attr-defined]
 
@@ -265,38 +280,28 @@ async def test_a_queued_prompt_dropped_by_a_cancel_answers_cancelled_and_its_ret
     # Its message never reaches the log, so only the agent can tell the prompt's fate: the
     # prompt is answered `cancelled` (as on a single-process gateway), and the same request
     # id sent again runs as a new turn instead of waiting for a message that never comes.
-    config = cluster_config(postgres_dsn, token_rate=40, reply_tokens=60)  # ~1.5 s turns
-    async with trio.open_nursery() as nursery:
-        endpoint = await nursery.start(
-            lambda task_status: run_node(config, node_id="n1", task_status=task_status)
-        )
-        async with raw_node_client(endpoint) as client:
-            await client.call(
-                "session/new",
-                {"cwd": "/", "mcpServers": [], "_meta": {"harness": {"sessionId": "s-1"}}},
-            )
+    async with _node_with_slow_session(postgres_dsn) as client:
 
-            def prompt(text: str, request_id: str) -> dict[str, Any]:
-                return {
-                    "sessionId": "s-1",
-                    "prompt": [{"type": "text", "text": text}],
-                    "_meta": {"harness": {"requestId": request_id}},
-                }
+        def prompt(text: str, request_id: str) -> dict[str, Any]:
+            return {
+                "sessionId": "s-1",
+                "prompt": [{"type": "text", "text": text}],
+                "_meta": {"harness": {"requestId": request_id}},
+            }
 
-            await client.send(98, "session/prompt", prompt("a long story", "req-live"))
-            client.key = "client-2"  # one prompt per session per connection
-            await client.call("initialize", {"protocolVersion": 1})
-            await client.send(99, "session/prompt", prompt("behind it", "req-queued"))
-            state: dict[str, Any] = {}
-            with trio.fail_after(20):
-                while state.get("inbox", {}).get("nextTurn") != 1:  # queued behind the turn
-                    state = await client.call("_harness/session/state", {"sessionId": "s-1"})
-            await client.call("_harness/session/cancel", {"sessionId": "s-1", "keepInbox": False})
-            assert (await client.answer(99))["result"]["stopReason"] == "cancelled"
-            assert (await client.answer(98))["result"]["stopReason"] == "cancelled"
-            again = await client.call("session/prompt", prompt("behind it", "req-queued"))
-            assert again["stopReason"] == "end_turn"
-        nursery.cancel_scope.cancel()
+        await client.send(98, "session/prompt", prompt("a long story", "req-live"))
+        client.key = "client-2"  # one prompt per session per connection
+        await client.call("initialize", {"protocolVersion": 1})
+        await client.send(99, "session/prompt", prompt("behind it", "req-queued"))
+        state: dict[str, Any] = {}
+        with trio.fail_after(20):
+            while state.get("inbox", {}).get("nextTurn") != 1:  # queued behind the turn
+                state = await client.call("_harness/session/state", {"sessionId": "s-1"})
+        await client.call("_harness/session/cancel", {"sessionId": "s-1", "keepInbox": False})
+        assert (await client.answer(99))["result"]["stopReason"] == "cancelled"
+        assert (await client.answer(98))["result"]["stopReason"] == "cancelled"
+        again = await client.call("session/prompt", prompt("behind it", "req-queued"))
+        assert again["stopReason"] == "end_turn"
     events = await stored_events(postgres_dsn, "s-1")
     users = [e.data for e in events if isinstance(e.data, UserMessage)]  # type: ignore[attr-defined]
     assert [u.source for u in users] == [

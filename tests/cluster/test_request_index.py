@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from actors.agent import Reject, TurnFailedError
-from actors.agent.decisions import FailTurn, PreStepNext, StepDecision, StepProposal
+from actors.agent import TurnFailedError
 from actors.messages import Message, TextBlock, UserSource
 from actors.session import Event
 from actors.session.events import TurnEnd, TurnStart, UserMessage
 from supervision.cluster.request_index import LoggedPrompt, request_index
+from tests.agent.helpers import fail_first_step_once, refuse
 from tests.gateway.helpers import running_gateway
 
 
@@ -67,9 +67,6 @@ async def test_the_index_matches_a_full_scan_after_every_turn_reading_each_event
 
 
 async def test_a_prompt_whose_turn_ended_without_its_message_stops_counting_as_queued() -> None:
-    async def refuse(proposal: StepProposal, next: PreStepNext) -> StepDecision:
-        return Reject(reason="policy")
-
     async with running_gateway() as gateway:
         agent = await gateway.directory.create(profile="default", owner=None)
         agent.on_pre_step(refuse)  # the turn ends before its first step logs the message
@@ -85,16 +82,9 @@ async def test_a_prompt_whose_turn_ended_without_its_message_stops_counting_as_q
 
 
 async def test_a_prompt_put_back_by_a_failed_first_step_still_counts_as_queued() -> None:
-    failures = [FailTurn("not now", code="later")]
-
-    async def fail_once(proposal: StepProposal, next: PreStepNext) -> StepDecision:
-        if failures:
-            raise failures.pop()
-        return await next()
-
     async with running_gateway() as gateway:
         agent = await gateway.directory.create(profile="default", owner=None)
-        agent.on_pre_step(fail_once)  # the message goes back to the inbox, parked
+        agent.on_pre_step(fail_first_step_once())  # the message goes back to the inbox, parked
         index = request_index(agent.session)
         ticket = agent.submit(message("hi", "r"))
         index.queue("r", ticket)
