@@ -46,6 +46,7 @@ from supervision.cluster.request_index import request_index
 from supervision.cluster.wire import MOVED, MOVED_RETRY_MS
 from supervision.gateway.acp_methods import (
     answer_at_outcome,
+    refuse_second_prompt,
     require_session,
     submit_prompt,
     user_message,
@@ -62,7 +63,6 @@ from supervision.gateway.messages import (
 from supervision.gateway.methods import METHODS, Method
 from supervision.gateway.protocol import (
     INTERNAL_ERROR,
-    SESSION_BUSY,
     RpcError,
     invalid_params,
 )
@@ -284,16 +284,13 @@ async def prompt(params: PromptParams, call: Call) -> Any:
     typed = user_message(params.prompt, "prompt")
     message = Message(role="user", content=typed.content, source=UserSource(request_id=request_id))
     connection = call.connection
-    if session_id in connection.prompts:
-        raise RpcError(
-            SESSION_BUSY,
-            f"session {session_id!r}: a prompt from this connection is already in flight",
-            {"reason": "session_busy"},
-        )
+    refuse_second_prompt(connection, session_id)
     await host(call, session_id)
     agent = call.gateway.directory.live_agent(session_id)
     if agent is None:
         raise RpcError(INTERNAL_ERROR, f"session {session_id!r} stopped before the prompt")
+    # Again: another prompt of this connection may have registered while the session started.
+    refuse_second_prompt(connection, session_id)
     index = request_index(agent.session)
     logged = index.find(request_id)
     attempt = index.queued(request_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import re
 from pathlib import PurePath
 from typing import Any
 
@@ -32,6 +33,7 @@ from supervision.gateway.protocol import (
     OVERLOADED,
     SESSION_BUSY,
     RpcError,
+    clip,
     invalid_params,
     not_found,
 )
@@ -123,13 +125,10 @@ async def prompt(params: PromptParams, call: Call) -> Any:
     await require_session(call, params.session_id)
     message = user_message(params.prompt, "prompt")
     connection = call.connection
-    if params.session_id in connection.prompts:
-        raise RpcError(
-            SESSION_BUSY,
-            f"session {params.session_id!r}: a prompt from this connection is already in flight",
-            {"reason": "session_busy"},
-        )
-    agent = await _attach(call, params.session_id)
+    refuse_second_prompt(connection, params.session_id)
+    agent = await attach(call, params.session_id)
+    # Again: another prompt of this connection may have registered while the agent started.
+    refuse_second_prompt(connection, params.session_id)
     ticket = submit_prompt(agent, message)
     gateway = call.gateway
     request_id = call.id
@@ -147,6 +146,20 @@ async def prompt(params: PromptParams, call: Call) -> Any:
     return DEFERRED
 
 
+def refuse_second_prompt(connection: Connection, session_id: str) -> None:
+    """Refuse a prompt while another of this connection waits on the same session.
+
+    Raises:
+        RpcError: -33002 `session_busy`.
+    """
+    if session_id in connection.prompts:
+        raise RpcError(
+            SESSION_BUSY,
+            f"session {session_id!r}: a prompt from this connection is already in flight",
+            {"reason": "session_busy"},
+        )
+
+
 def submit_prompt(agent: Agent, message: Message) -> TurnTicket:
     """Queue a prompt's message on `agent` as a followup; its ticket tells the turn's outcome.
 
@@ -161,10 +174,11 @@ def submit_prompt(agent: Agent, message: Message) -> TurnTicket:
             OVERLOADED, str(exc), {"reason": "overloaded", "retryAfterMs": 1000}
         ) from exc
     except AgentClosedError as exc:
-        raise _closed(agent.session.id, exc) from exc
+        raise closed_error(agent.session.id, exc) from exc
 
 
-def _closed(session_id: str, exc: AgentClosedError) -> RpcError:
+def closed_error(session_id: str, exc: AgentClosedError) -> RpcError:
+    """The -32603 (`closed`) answer for input to an agent that closed first."""
     return RpcError(INTERNAL_ERROR, f"session {session_id!r}: {exc}", {"reason": "closed"})
 
 
@@ -188,11 +202,11 @@ async def answer_at_outcome(
             turn = failed.turn
         frames = cursor.cancel_if_waiting(framing) if turn is None else cursor.adopt(turn, framing)
         if frames:
-            await connection.outbox.put_log(frames)
+            await connection.put_log(frames)
     except OutboxClosed:
         return
     except AgentClosedError as exc:
-        connection.end_prompt(cursor.session_id, _closed(cursor.session_id, exc))
+        connection.end_prompt(cursor.session_id, closed_error(cursor.session_id, exc))
 
 
 def _prompt_done(call: Call, session_id: str, request_id: Any) -> None:
@@ -214,13 +228,13 @@ async def cancel(params: SessionRef, call: Call) -> None:
     if pending is not None:
         frames = pending.cancel_if_waiting(call.connection.transport.framing)
         if frames:
-            await call.connection.outbox.put_log(frames)
+            await call.connection.put_log(frames)
 
 
 async def load(params: LoadSessionParams, call: Call) -> Any:
     """Replay the conversation as `session/update`s, then answer null; starts the agent."""
     await require_session(call, params.session_id)
-    agent = await _attach(call, params.session_id)
+    agent = await attach(call, params.session_id)
     end = agent.session.durable_seq
     if end < 0:
         return None
@@ -241,7 +255,7 @@ async def load(params: LoadSessionParams, call: Call) -> Any:
 async def resume(params: LoadSessionParams, call: Call) -> dict[str, Any]:
     """Attach without replay; starts the agent if needed."""
     await require_session(call, params.session_id)
-    await _attach(call, params.session_id)
+    await attach(call, params.session_id)
     return {}
 
 
@@ -255,7 +269,7 @@ async def list_sessions(params: ListSessionsParams, call: Call) -> dict[str, Any
     if params.cwd is not None and PurePath(params.cwd) != PurePath(call.gateway.cwd):
         return {"sessions": []}
     ids = [sid for sid in await directory.session_ids() if directory.visible(call.principal, sid)]
-    start = _cursor_position(params.cursor, "/cursor")
+    start = cursor_position(params.cursor, "/cursor")
     page = ids[start : start + SESSION_LIST_PAGE]
     rows = []
     for sid in page:
@@ -281,7 +295,13 @@ async def close(params: SessionRef, call: Call) -> dict[str, Any]:
     return {}
 
 
-async def _attach(call: Call, session_id: str) -> Any:
+async def attach(call: Call, session_id: str) -> Agent:
+    """The live agent of `session_id`, started when it is stored but not running.
+
+    Raises:
+        RpcError: -32002 for a session that does not exist; -32603 when it
+            could not start.
+    """
     try:
         return await call.gateway.directory.attach(session_id)
     except UnknownSessionError:
@@ -290,11 +310,22 @@ async def _attach(call: Call, session_id: str) -> Any:
         raise RpcError(-32603, f"session {session_id!r} could not start: {exc}") from exc
 
 
-def _cursor_position(cursor: str | None, path: str) -> int:
+_CURSOR = re.compile(r"[0-9]{1,18}")
+"""A page cursor as issued: a position, in ASCII digits (`str.isdigit` takes "²" too)."""
+
+
+def cursor_position(cursor: str | None, path: str) -> int:
+    """The position a list cursor names (0 without one).
+
+    Raises:
+        RpcError: -32602 `invalid_cursor` for a cursor this gateway could not have issued.
+    """
     if cursor is None:
         return 0
-    if not cursor.isdigit():
-        raise invalid_params(path, "invalid_cursor", f"cursor {cursor!r} was not issued here")
+    if _CURSOR.fullmatch(cursor) is None:
+        raise invalid_params(
+            path, "invalid_cursor", f"cursor {clip(repr(cursor))} was not issued here"
+        )
     return int(cursor)
 
 

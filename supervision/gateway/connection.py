@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -83,6 +83,14 @@ DEFAULT_PING_INTERVAL_SECONDS = 20.0
 
 DEFAULT_PING_TIMEOUT_SECONDS = 20.0
 """How long a ping's pong may take before the peer counts as dead (close 1011)."""
+
+MAX_SUBSCRIPTIONS = 10_000
+"""Log subscriptions one connection may hold at once (each holds a cursor and, while it
+catches up, a task)."""
+
+MAX_WATCHES = 16
+"""`_harness/sessions/watch`es one connection may open (each is told of every session
+change of the gateway, and lasts as long as its connection)."""
 
 CLOSE_GRACE_SECONDS = 1.0
 """How long a close handshake may take before the connection is aborted."""
@@ -215,9 +223,13 @@ class Connection:
     _close_reason: str = ""
     _stalled: bool = False
     _unsent: list[bytes] = attrs.field(factory=list)
+    watches: int = 0
+    """`_harness/sessions/watch`es opened (they last as long as the connection)."""
     answer_after_eof: bool = False
     """Answer requests already running when the input ends (stdio, whose output stays open)."""
     _running_handlers: int = 0
+    _queuing: int = 0
+    """Log-lane puts under way (`put_log`)."""
     _handlers_done: trio.Event = attrs.field(factory=trio.Event)
     _close_requested: bool = False
     _on_close: list[Callable[[], None]] = attrs.field(factory=list)
@@ -351,7 +363,7 @@ class Connection:
                     )
                     frames = cursor.take(events, head, self.transport.framing)
                     if frames:
-                        await self.outbox.put_log(frames)
+                        await self.put_log(frames)
                     if (
                         joins is not None
                         and cursor.next_seq > head
@@ -378,8 +390,9 @@ class Connection:
                 message = await self.transport.receive()
             except TransportClosed as exc:
                 if self.answer_after_eof:
-                    # The peer only stopped sending: finish what it asked first.
-                    while self._running_handlers:
+                    # The peer only stopped sending: finish what it asked first, the
+                    # deferred replies (a prompt's, at its turn's end) included.
+                    while self._running_handlers or self._inflight or self._queuing:
                         await self._handlers_done.wait()
                 self.close(exc.code or CLOSE_NORMAL, "peer closed")
                 return
@@ -467,13 +480,18 @@ class Connection:
             if not deferred:
                 self._inflight.pop(request.id, None)
             self._running_handlers -= 1
-            if not self._running_handlers:
-                self._handlers_done.set()
-                self._handlers_done = trio.Event()
+            self._note_settled()
 
     def release(self, request_id: JsonId) -> None:
         """A deferred request got its reply (from its cursor): free its in-flight slot."""
         self._inflight.pop(request_id, None)
+        self._note_settled()
+
+    def _note_settled(self) -> None:
+        """Wake the reader waiting at end of input once no handler runs and no reply is due."""
+        if not self._running_handlers and not self._inflight and not self._queuing:
+            self._handlers_done.set()
+            self._handlers_done = trio.Event()
 
     def _start_batch(self, frame: Frame) -> None:
         answers: list[dict[str, Any] | None] = [None] * len(frame.messages)
@@ -496,6 +514,7 @@ class Connection:
                 self._put_control(dumps(replies))
             return
         assert self._nursery is not None
+        self._running_handlers += 1  # counted from here, so EOF waits for the batch too
         self._nursery.start_soon(self._answer_batch, answers, admitted)
 
     async def _answer_batch(
@@ -521,6 +540,8 @@ class Connection:
             replies = [answer for answer in answers if answer is not None]
             if replies and not self.outbox_closed:
                 self._put_control(dumps(replies))
+            self._running_handlers -= 1
+            self._note_settled()
 
     # -- writer -----------------------------------------------------------------
 
@@ -547,6 +568,23 @@ class Connection:
             self._close_slow(str(exc))
         except OutboxClosed:
             pass
+
+    async def put_log(self, frames: Sequence[bytes]) -> None:
+        """`outbox.put_log(frames)`, counted: at the end of input (`answer_after_eof`) the
+        connection waits for the frames being queued (a deferred reply among them: its
+        request left `_inflight` when the frame was made) before it closes.
+
+        Cancellation: cancellable; a cancelled put queued nothing.
+
+        Raises:
+            OutboxClosed: the connection is closing.
+        """
+        self._queuing += 1
+        try:
+            await self.outbox.put_log(frames)
+        finally:
+            self._queuing -= 1
+            self._note_settled()
 
     async def answer_after_log(self, request_id: JsonId, message: Mapping[str, Any]) -> None:
         """Queue a deferred request's reply behind the log-lane frames already queued (the

@@ -10,14 +10,20 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from actors.agent import Agent, StepInspection
+from actors.agent import Agent, AgentClosedError, InboxFullError, StepInspection
 from actors.messages import Message
 from actors.prompt import PromptError
 from actors.session import EVENT_TYPES, Event, SessionError, event_to_json, rebuild_request
 from actors.session.events import RequestHeaderLogged
 from actors.session.session import system_clock_ms
-from supervision.gateway.acp_methods import require_session, user_message
-from supervision.gateway.connection import Call
+from supervision.gateway.acp_methods import (
+    attach,
+    closed_error,
+    cursor_position,
+    require_session,
+    user_message,
+)
+from supervision.gateway.connection import MAX_SUBSCRIPTIONS, MAX_WATCHES, Call
 from supervision.gateway.cursors import LogCursor
 from supervision.gateway.messages import (
     Empty,
@@ -35,6 +41,7 @@ from supervision.gateway.messages import (
 )
 from supervision.gateway.protocol import (
     ASSEMBLY_FAILED,
+    OVERLOADED,
     REBUILD_FAILED,
     RpcError,
     invalid_params,
@@ -79,13 +86,7 @@ async def sessions_list(params: SessionsListParams, call: Call) -> dict[str, Any
         ids = [sid for sid in ids if directory.agent_of(sid) == wanted.agent]
     if wanted is not None and wanted.parent_session_id is not None:
         ids = [sid for sid in ids if directory.parent_of(sid) == wanted.parent_session_id]
-    start = 0
-    if params.cursor is not None:
-        if not params.cursor.isdigit():
-            raise invalid_params(
-                "/cursor", "invalid_cursor", f"cursor {params.cursor!r} was not issued here"
-            )
-        start = int(params.cursor)
+    start = cursor_position(params.cursor, "/cursor")
     summaries: list[dict[str, Any]] = []
     position = start
     while position < len(ids) and len(summaries) < limit:
@@ -110,6 +111,14 @@ async def sessions_watch(params: SessionsWatchParams, call: Call) -> dict[str, A
     gateway however it was started.
     """
     connection = call.connection
+    if connection.watches >= MAX_WATCHES:
+        raise RpcError(
+            OVERLOADED,
+            f"{MAX_WATCHES} session watches are open on this connection (the most one may "
+            "hold); one watch covers every session its token and filter allow",
+            {"reason": "too_many_watches", "limit": MAX_WATCHES},
+        )
+    connection.watches += 1
     gateway = call.gateway
     cursor = WatchCursor(
         subscription=connection.new_subscription_id(),
@@ -148,6 +157,13 @@ async def log_subscribe(params: LogSubscribeParams, call: Call) -> dict[str, Any
     start = head + 1 if params.from_seq is None else params.from_seq
     _check_from_seq(params.session_id, start, head)
     connection = call.connection
+    if len(connection.subscriptions) >= MAX_SUBSCRIPTIONS:
+        raise RpcError(
+            OVERLOADED,
+            f"{MAX_SUBSCRIPTIONS} log subscriptions are open on this connection (the most one "
+            "may hold); unsubscribe from one first",
+            {"reason": "too_many_subscriptions", "limit": MAX_SUBSCRIPTIONS},
+        )
     subscription = connection.new_subscription_id()
     cursor = LogCursor(
         subscription=subscription,
@@ -224,8 +240,15 @@ async def session_send(params: SendParams, call: Call) -> dict[str, Any]:
     """`followup` / `steer` / `inject` without waiting for the turn."""
     await require_session(call, params.session_id)
     message = user_message(params.content, "content")
-    agent = await call.gateway.directory.attach(params.session_id)
-    place_message(agent, message, params.placement)
+    agent = await attach(call, params.session_id)
+    try:
+        place_message(agent, message, params.placement)
+    except InboxFullError as exc:
+        raise RpcError(
+            OVERLOADED, str(exc), {"reason": "overloaded", "retryAfterMs": 1000}
+        ) from exc
+    except AgentClosedError as exc:
+        raise closed_error(params.session_id, exc) from exc
     return {"accepted": True, "placement": params.placement}
 
 

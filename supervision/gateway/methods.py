@@ -144,6 +144,8 @@ class MethodTable:
         if name == "initialize":
             if connection.initialized:
                 return RpcError(INVALID_REQUEST, "initialize was already called on this connection")
+            if in_batch and not method.batchable:
+                return RpcError(INVALID_REQUEST, f"{name!r} may not be sent in a batch")
             # Admitted in arrival order, so a client may pipeline requests after it.
             connection.initialized = True
         elif not connection.initialized:

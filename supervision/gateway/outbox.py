@@ -231,7 +231,10 @@ class Outbox:
         Raises:
             OutboxClosed: the connection is closing.
         """
+        await trio.lowlevel.checkpoint()
         while True:
+            # Checked again after every wait, with no checkpoint before the frames are
+            # queued: every put woken by the same space would otherwise queue its frames.
             if self._closed:
                 raise OutboxClosed("the connection is closing")
             if self._log_bytes < self.log_capacity:
@@ -239,9 +242,6 @@ class Outbox:
             if self._space.is_set():
                 self._space = trio.Event()
             await self._space.wait()
-        await trio.lowlevel.checkpoint()
-        if self._closed:
-            raise OutboxClosed("the connection is closing")
         self._queue_log(frames, sum(len(frame) for frame in frames))
 
     async def wait_ready(self) -> None:

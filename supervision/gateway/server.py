@@ -29,6 +29,8 @@ from supervision.gateway.connection import (
     CLOSE_GOING_AWAY,
     DEFAULT_PING_INTERVAL_SECONDS,
     DEFAULT_PING_TIMEOUT_SECONDS,
+    MAX_SUBSCRIPTIONS,
+    MAX_WATCHES,
     Connection,
 )
 from supervision.gateway.cursors import EventTexts
@@ -155,6 +157,8 @@ class Gateway:
             "maxFrame": self.max_frame,
             "maxInflight": self.max_inflight,
             "maxBatch": 32,
+            "maxSubscriptions": MAX_SUBSCRIPTIONS,
+            "maxWatches": MAX_WATCHES,
             "writeDeadlineMs": int(self.write_deadline * 1000),
         }
 

@@ -633,3 +633,34 @@ def test_a_cursor_given_a_request_id_takes_the_turn_whose_message_carries_it() -
     assert claimed == [1]
     assert [f["params"]["update"]["content"]["text"] for f in frames[:-1]] == ["for b"]
     assert frames[-1]["result"]["_meta"] == {"harness": {"turn": 1}}
+
+
+async def test_a_send_to_a_full_inbox_is_answered_overloaded_and_the_connection_stays() -> None:
+    async with _gateway() as (gateway, client):
+        sid = await _new(client)
+        agent = gateway.directory.live_agent(sid)
+        assert agent is not None
+        for index in range(INBOX_CAPACITY):
+            agent.inject(f"parked {index}")
+        send = {"sessionId": sid, "content": _text("one more"), "placement": "inject"}
+        answer = await client.request("_harness/session/send", send)
+        assert answer["error"]["code"] == -33003
+        assert answer["error"]["data"] == {"reason": "overloaded", "retryAfterMs": 1000}
+        assert "result" in await client.request("_harness/stats")
+
+
+async def test_two_prompts_racing_a_stopped_sessions_start_leave_one_waiting() -> None:
+    async with _gateway() as (gateway, client):
+        sid = await _new(client)
+        await client.call("session/close", {"sessionId": sid})
+        assert gateway.directory.live_agent(sid) is None
+        params = {"sessionId": sid, "prompt": _text("hi")}
+        # Both arrive while the session's agent is still starting for the first.
+        for rpc_id in ("p1", "p2"):
+            request = {"jsonrpc": "2.0", "id": rpc_id, "method": "session/prompt"}
+            await client.send({**request, "params": params})
+        first, second = await client.answer("p1"), await client.answer("p2")
+        answers = sorted([first, second], key=lambda a: "error" in a)
+        assert answers[0]["result"]["stopReason"] == "end_turn"
+        assert answers[1]["error"]["code"] == -33002
+        assert gateway._claims.get(sid, set()) == set()  # no turn left claimed

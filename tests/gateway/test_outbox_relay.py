@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+import trio
+import trio.testing
 
 from supervision.gateway.outbox import Outbox, OutboxClosed, OutboxOverflow
 
@@ -30,3 +32,18 @@ def test_a_closed_outbox_refuses_relayed_frames() -> None:
     outbox.close()
     with pytest.raises(OutboxClosed):
         outbox.push_log([b"u"], 1)
+
+
+async def test_puts_woken_by_the_same_space_queue_no_more_than_the_lane_allows() -> None:
+    """Every `put_log` waiting on a full lane wakes when it drains; each must check the room
+    again, or all of them queue at once (the catching-up cursors of one connection)."""
+    outbox = Outbox(log_capacity=1000)
+    await outbox.put_log([b"x" * 900])
+    async with trio.open_nursery() as nursery:
+        for _ in range(50):
+            nursery.start_soon(outbox.put_log, [b"y" * 900])
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(49):
+            assert len(b"".join(outbox.take())) <= 1000 + 900  # under the cap, plus one put
+            await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()

@@ -12,6 +12,7 @@ import trio_websocket
 
 from actors.providers.simulator import SimulatorConfig
 from actors.session import EVENT_TYPES
+from supervision.gateway import harness_methods
 from supervision.gateway import methods as method_table
 from supervision.gateway.methods import METHODS, Method
 from tests.gateway.helpers import connect, running_gateway
@@ -222,3 +223,51 @@ async def test_unknown_event_types_are_refused_naming_them_and_the_known_ones() 
         assert await client.call(
             "_harness/log/subscribe", {"sessionId": sid, "types": ["turn/end"]}
         )
+
+
+async def test_a_batched_initialize_is_refused_and_leaves_the_connection_uninitialized() -> None:
+    async with running_gateway() as gateway, connect(gateway, initialize=False) as client:
+        init = {"jsonrpc": "2.0", "id": "i", "method": "initialize", "params": {}}
+        await client.send([{**init, "params": {"protocolVersion": 1}}])
+        with trio.fail_after(10):
+            refused = await client.answer("i")
+            assert refused["error"]["code"] == -32600 and "batch" in refused["error"]["message"]
+            before = await client.request("_harness/stats")
+            assert before["error"]["code"] == -32600 and "before initialize" in str(before)
+            assert "result" in await client.request("initialize", {"protocolVersion": 1})
+
+
+@pytest.mark.parametrize("method", ["session/list", "_harness/sessions/list"])
+@pytest.mark.parametrize("cursor", ["²", "1" * 5000, "-1", " 1", "", "0x1"])
+async def test_a_cursor_that_was_not_issued_is_invalid_params_and_the_connection_stays(
+    method: str, cursor: str
+) -> None:
+    async with running_gateway() as gateway, connect(gateway) as client:
+        with trio.fail_after(10):
+            answer = await client.request(method, {"cursor": cursor})
+            assert answer["error"]["code"] == -32602
+            assert answer["error"]["data"]["reason"] == "invalid_cursor"
+            assert "result" in await client.request("_harness/stats")
+
+
+async def test_log_subscriptions_and_watches_beyond_the_connections_limits_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(harness_methods, "MAX_SUBSCRIPTIONS", 2)
+    monkeypatch.setattr(harness_methods, "MAX_WATCHES", 1)
+    async with running_gateway() as gateway, connect(gateway) as client:
+        with trio.fail_after(10):
+            sid = await _new(client)
+            subscribe = {"sessionId": sid, "fromSeq": 0}
+            first = await client.call("_harness/log/subscribe", subscribe)
+            await client.call("_harness/log/subscribe", subscribe)
+            refused = await client.request("_harness/log/subscribe", subscribe)
+            assert refused["error"]["code"] == -33003
+            assert refused["error"]["data"] == {"reason": "too_many_subscriptions", "limit": 2}
+            await client.call("_harness/log/unsubscribe", {"subscription": first["subscription"]})
+            await client.call("_harness/log/subscribe", subscribe)  # room again
+            await client.call("_harness/sessions/watch", {})
+            watch = await client.request("_harness/sessions/watch", {})
+            assert watch["error"]["data"] == {"reason": "too_many_watches", "limit": 1}
+        limits = gateway.limits()
+        assert limits["maxSubscriptions"] == 10_000 and limits["maxWatches"] == 16
