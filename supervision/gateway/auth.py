@@ -127,7 +127,11 @@ def authenticate(
     if authorization is not None:
         scheme, _, value = authorization.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
-            secret = value.strip()
+            # The header's bytes were read as Latin-1; a token's secret is UTF-8 text.
+            try:
+                secret = value.strip().encode("latin-1").decode("utf-8")
+            except UnicodeDecodeError:
+                return Denial(status=401, reason="the bearer token is not valid UTF-8")
     if secret is None:
         for offered in subprotocols:
             if offered.startswith(BEARER_SUBPROTOCOL_PREFIX):

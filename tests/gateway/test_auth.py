@@ -7,7 +7,7 @@ from contextlib import AsyncExitStack
 import trio
 
 from supervision.gateway import Gateway, Token
-from supervision.gateway.auth import bearer_subprotocol, match_token
+from supervision.gateway.auth import Denial, authenticate, bearer_subprotocol, match_token
 from tests.gateway.helpers import ALL, SECRET, connect, running_gateway
 
 OBSERVER = Token(secret="observer-secret", scopes=["observe"], name="observer")
@@ -239,3 +239,16 @@ async def test_restarting_an_agent_needs_admin_and_increments_its_incarnation() 
                     "_harness/supervision/restart", {"path": f"{gateway.runtime.name}/agent:nope"}
                 )
                 assert missing["error"]["code"] == -32002
+
+
+async def test_a_token_with_non_ascii_characters_authenticates_through_the_header() -> None:
+    token = Token(secret="sécret-über-ключ", name="unicode")
+    async with running_gateway(tokens=(token,)) as gateway:
+        headers = [("Authorization", f"Bearer {token.secret}")]  # sent as UTF-8
+        async with connect(gateway, headers=headers) as client:
+            assert (await client.call("_harness/stats", {}))["epoch"] == gateway.epoch
+
+
+def test_a_bearer_header_that_is_not_utf8_is_refused_naming_why() -> None:
+    verdict = authenticate([(b"authorization", b"Bearer \xff\xfe")], [], TOKENS, ())
+    assert verdict == Denial(status=401, reason="the bearer token is not valid UTF-8")
