@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime
 import functools
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import PurePath
 from typing import Any
 
@@ -160,21 +162,28 @@ def refuse_second_prompt(connection: Connection, session_id: str) -> None:
         )
 
 
-def submit_prompt(agent: Agent, message: Message) -> TurnTicket:
-    """Queue a prompt's message on `agent` as a followup; its ticket tells the turn's outcome.
-
-    Raises:
-        RpcError: the agent's inbox is full (-33003, `overloaded`) or the agent
-            closed (-32603, `closed`).
-    """
+@contextmanager
+def input_refusals(session_id: str) -> Iterator[None]:
+    """Answer input the agent of `session_id` refused: a full inbox is -33003
+    (`overloaded`, `retryAfterMs`), a closed agent -32603 (`closed`)."""
     try:
-        return agent.submit(message)
+        yield
     except InboxFullError as exc:
         raise RpcError(
             OVERLOADED, str(exc), {"reason": "overloaded", "retryAfterMs": 1000}
         ) from exc
     except AgentClosedError as exc:
-        raise closed_error(agent.session.id, exc) from exc
+        raise closed_error(session_id, exc) from exc
+
+
+def submit_prompt(agent: Agent, message: Message) -> TurnTicket:
+    """Queue a prompt's message on `agent` as a followup; its ticket tells the turn's outcome.
+
+    Raises:
+        RpcError: the agent refused it (`input_refusals`).
+    """
+    with input_refusals(agent.session.id):
+        return agent.submit(message)
 
 
 def closed_error(session_id: str, exc: AgentClosedError) -> RpcError:

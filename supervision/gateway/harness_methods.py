@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from actors.agent import Agent, AgentClosedError, InboxFullError, StepInspection
+from actors.agent import Agent, StepInspection
 from actors.messages import Message
 from actors.prompt import PromptError
 from actors.session import EVENT_TYPES, Event, SessionError, event_to_json, rebuild_request
@@ -18,8 +18,8 @@ from actors.session.events import RequestHeaderLogged
 from actors.session.session import system_clock_ms
 from supervision.gateway.acp_methods import (
     attach,
-    closed_error,
     cursor_position,
+    input_refusals,
     require_session,
     user_message,
 )
@@ -241,14 +241,7 @@ async def session_send(params: SendParams, call: Call) -> dict[str, Any]:
     await require_session(call, params.session_id)
     message = user_message(params.content, "content")
     agent = await attach(call, params.session_id)
-    try:
-        place_message(agent, message, params.placement)
-    except InboxFullError as exc:
-        raise RpcError(
-            OVERLOADED, str(exc), {"reason": "overloaded", "retryAfterMs": 1000}
-        ) from exc
-    except AgentClosedError as exc:
-        raise closed_error(params.session_id, exc) from exc
+    place_message(agent, message, params.placement)
     return {"accepted": True, "placement": params.placement}
 
 
@@ -258,15 +251,18 @@ def place_message(
     """Queue `message` on `agent` where `placement` says (`_harness/session/send`).
 
     `next_turn` is a follow-up, `next_step` steers the running turn, `inject`
-    joins the next request without a turn of its own. Raises what the agent's
-    queueing raises (a closed agent refuses input).
+    joins the next request without a turn of its own.
+
+    Raises:
+        RpcError: the agent refused it (`input_refusals`: a full inbox, a closed agent).
     """
-    if placement == "next_turn":
-        agent.followup(message)
-    elif placement == "next_step":
-        agent.steer(message)
-    else:
-        agent.inject(message)
+    with input_refusals(agent.session.id):
+        if placement == "next_turn":
+            agent.followup(message)
+        elif placement == "next_step":
+            agent.steer(message)
+        else:
+            agent.inject(message)
 
 
 async def session_cancel(params: HarnessCancelParams, call: Call) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 import trio
 
 from actors.agent import Agent, AgentOptions, Tool
@@ -28,8 +29,10 @@ from actors.session.events import (
     UserMessage,
     type_of,
 )
+from supervision.cluster.node_methods import NODE_METHODS
 from supervision.gateway import AgentProfile, Gateway
 from supervision.gateway.cursors import PromptCursor
+from supervision.gateway.methods import MethodTable
 from supervision.gateway.stdio import LINE_FRAMING
 from tests.gateway.helpers import LIST_FILES, RpcClient, connect, running_gateway
 
@@ -635,14 +638,25 @@ def test_a_cursor_given_a_request_id_takes_the_turn_whose_message_carries_it() -
     assert frames[-1]["result"]["_meta"] == {"harness": {"turn": 1}}
 
 
-async def test_a_send_to_a_full_inbox_is_answered_overloaded_and_the_connection_stays() -> None:
+@pytest.mark.parametrize("node", [False, True], ids=["gateway", "cluster-node"])
+async def test_a_send_to_a_full_inbox_is_answered_overloaded_and_the_connection_stays(
+    node: bool,
+) -> None:
     async with _gateway() as (gateway, client):
+        if node:  # a cluster node's send: with a request id, logged once
+            gateway.methods = MethodTable(methods=NODE_METHODS)
         sid = await _new(client)
         agent = gateway.directory.live_agent(sid)
         assert agent is not None
         for index in range(INBOX_CAPACITY):
             agent.inject(f"parked {index}")
-        send = {"sessionId": sid, "content": _text("one more"), "placement": "inject"}
+        send: dict[str, Any] = {
+            "sessionId": sid,
+            "content": _text("one more"),
+            "placement": "inject",
+        }
+        if node:
+            send["_meta"] = {"harness": {"requestId": "send-1"}}
         answer = await client.request("_harness/session/send", send)
         assert answer["error"]["code"] == -33003
         assert answer["error"]["data"] == {"reason": "overloaded", "retryAfterMs": 1000}
