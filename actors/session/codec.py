@@ -195,11 +195,17 @@ def _tools_text(tools: tuple[ToolSchema, ...]) -> str:
 
 
 def _unstructure_header(header: RequestHeader) -> dict[str, Any]:
-    out: dict[str, Any] = {"config": thaw_json(header.config)}
+    tools = json.loads(_tools_text(header.tools)) if header.tools else []
+    return _header_json(header, thaw_json(header.config), tools)
+
+
+def _header_json(header: RequestHeader, config: Any, tools: list[Any]) -> dict[str, Any]:
+    """A header's JSON from its config's and tools' JSON: one key order for every form."""
+    out: dict[str, Any] = {"config": config}
     if header.system:
         out["system"] = header.system
     if header.tools:
-        out["tools"] = json.loads(_tools_text(header.tools))
+        out["tools"] = tools
     return out
 
 
@@ -314,10 +320,7 @@ def event_to_shared_json(event: Event) -> dict[str, Any]:
     if not isinstance(data, RequestHeaderLogged) or not data.header.tools:
         return event_to_json(event)
     header = data.header
-    shared: dict[str, Any] = {"config": _shared_config_json(header.config)}
-    if header.system:
-        shared["system"] = header.system
-    shared["tools"] = _tools_entry(header.tools)[2]
+    shared = _header_json(header, _shared_config_json(header.config), _tools_entry(header.tools)[2])
     return _unstructure_event(event, {"header": shared, "reason": data.reason})
 
 
