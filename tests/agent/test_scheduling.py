@@ -29,7 +29,8 @@ class OneCheckpointProvider:
         self.requests = 0
 
     def stream(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
-        raise NotImplementedError("the loop asks for batches")
+        """Never called: the loop reads a batching provider through `stream_batches`."""
+        raise AssertionError("the loop read this provider through stream(), not stream_batches()")
 
     async def stream_batches(self, request: GenerateRequest) -> AsyncGenerator[ChunkBatch, None]:
         self.requests += 1

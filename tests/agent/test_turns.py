@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -81,17 +82,23 @@ async def test_unchanged_prompt_logs_no_further_header() -> None:
     assert {r.system for r in provider.requests} == {provider.requests[0].system}
 
 
+async def _logged_config(options: AgentOptions) -> Mapping[str, Any]:
+    """The config of the first request header an agent with `options` logs."""
+    provider = ScriptedProvider([Reply.text("a")])
+    async with open_agent(system_prompt=SystemPrompt(), provider=provider, options=options) as a:
+        a.followup("hi")
+        await a.when_idle()
+    config: Mapping[str, Any] = data_of(a.session, "request/header")[0].header.config
+    return config
+
+
 async def test_agents_with_equal_options_log_one_shared_frozen_config() -> None:
-    configs = []
-    for extra in ({"thinking": {"type": "enabled"}}, {"thinking": {"type": "enabled"}}):
-        provider = ScriptedProvider([Reply.text("a")])
-        options = AgentOptions(model="m", temperature=0.5, extra=extra)
-        async with open_agent(
-            system_prompt=SystemPrompt(), provider=provider, options=options
-        ) as a:
-            a.followup("hi")
-            await a.when_idle()
-        configs.append(data_of(a.session, "request/header")[0].header.config)
+    configs = [
+        await _logged_config(
+            AgentOptions(model="m", temperature=0.5, extra={"thinking": {"type": "enabled"}})
+        )
+        for _ in range(2)
+    ]
     assert configs[0] is configs[1]
     assert configs[0] == {
         "provider": "default",
@@ -105,16 +112,10 @@ async def test_agents_with_equal_options_log_one_shared_frozen_config() -> None:
 
 async def test_configs_equal_but_for_a_values_type_are_not_shared() -> None:
     # 1, 1.0 and True are equal in Python, but not the same JSON on the wire or in the log.
-    configs = []
-    for temperature, stream_flag in ((1, 1), (1.0, True)):
-        provider = ScriptedProvider([Reply.text("a")])
-        options = AgentOptions(model="m", temperature=temperature, extra={"flag": stream_flag})
-        async with open_agent(
-            system_prompt=SystemPrompt(), provider=provider, options=options
-        ) as a:
-            a.followup("hi")
-            await a.when_idle()
-        configs.append(data_of(a.session, "request/header")[0].header.config)
+    configs = [
+        await _logged_config(AgentOptions(model="m", temperature=temperature, extra={"flag": flag}))
+        for temperature, flag in ((1, 1), (1.0, True))
+    ]
     assert configs[0] is not configs[1]
     assert [(type(c["temperature"]), type(c["flag"])) for c in configs] == [
         (int, int),
