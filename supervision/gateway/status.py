@@ -197,10 +197,10 @@ class WatchCursor:
         """Note a change of `session_id` for the watch, when the watch covers the session.
 
         Never blocks. With nothing of the watch pending or being written by
-        `serve`, and room in the log lane, the change is written at once. Otherwise it is pending: a
-        "status" replaces the session's pending status (or updates its
-        pending "added"); a "removed" drops the pending statuses before it
-        (its session is gone) and is noted once.
+        `serve`, and room in the log lane, the change is written at once.
+        Otherwise it is pending: a "status" replaces the session's pending
+        status (or updates its pending "added"); a "removed" drops the
+        pending statuses before it (its session is gone) and is noted once.
         """
         directory, wanted = self.directory, self.filter
         if not directory.visible(self.principal, session_id):

@@ -176,13 +176,16 @@ class SharedStream(trio.abc.Stream):
     async def _write(self, data: bytes | bytearray | memoryview) -> None:
         # Under the lock. A write cut partway leaves the peer part of a frame: nothing may
         # follow it.
-        if self._broken:
-            raise trio.BrokenResourceError("an earlier write was cut partway")
+        self._refuse_if_broken()
         try:
             await self.inner.send_all(data)
         except BaseException:
             self._broken = True
             raise
+
+    def _refuse_if_broken(self) -> None:
+        if self._broken:
+            raise trio.BrokenResourceError("an earlier write was cut partway")
 
     async def _write_tail(self) -> None:
         # Under the lock: the rest of a `write_now`, before anything else.
@@ -227,8 +230,8 @@ class SharedStream(trio.abc.Stream):
                 return False
             if data:
                 await self._write(data)
-            elif self._broken:
-                raise trio.BrokenResourceError("an earlier write was cut partway")
+            else:
+                self._refuse_if_broken()
             return True
         finally:
             self._lock.release()
