@@ -1,14 +1,19 @@
 """Recent latencies in bounded memory: a fixed-size ring, summarised on demand.
 
-Recording is one `deque.append` (the hot path); percentiles are computed
-only when a snapshot is asked for (`summary()`), over the last `size`
-samples, so memory never grows with the number of requests or commits.
+Recording is one store into a preallocated array of C doubles (the hot
+path); percentiles are computed only when a snapshot is asked for
+(`summary()`), over the last `size` samples, so memory never grows with
+the number of requests or commits. A sample is not kept as a Python
+`float`: a ring of float objects would leave the last `size` of them
+alive after a burst of requests, scattered over the small-object
+allocator's arenas that burst used, so those arenas could never be given
+back (see benchmarks/README.md, "Parallel sessions").
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
 
 import attrs
 
@@ -36,20 +41,26 @@ class LatencyWindow:
     """The last `size` latencies recorded (in seconds); older samples are dropped, never summed."""
 
     size: int = DEFAULT_WINDOW
-    _samples: deque[float] = attrs.field(init=False)
+    _samples: array[float] = attrs.field(init=False)
+    _next: int = attrs.field(default=0, init=False)  # where the next sample goes
+    _count: int = attrs.field(default=0, init=False)  # samples held, at most `size`
 
     def __attrs_post_init__(self) -> None:
         if self.size < 1:
             raise ValueError(f"latency window size must be >= 1, got {self.size}")
-        self._samples = deque(maxlen=self.size)
+        self._samples = array("d", bytes(8 * self.size))
 
     def record(self, seconds: float) -> None:
-        """Add one sample (seconds); the oldest falls off once the window is full."""
-        self._samples.append(seconds)
+        """Add one sample (seconds); the oldest is overwritten once the window is full."""
+        index = self._next
+        self._samples[index] = seconds
+        self._next = 0 if index + 1 == self.size else index + 1
+        if self._count < self.size:
+            self._count += 1
 
     def summary(self) -> LatencySummary:
         """p50 and p99 (nearest-rank) of the samples in the window, in milliseconds."""
-        ordered = sorted(self._samples)
+        ordered = sorted(self._samples[: self._count])
         if not ordered:
             return NO_SAMPLES
         return LatencySummary(

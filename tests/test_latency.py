@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -46,3 +48,18 @@ def test_percentiles_are_samples_in_order(samples: list[float]) -> None:
     assert summary.p50_ms in kept and summary.p99_ms in kept
     assert summary.p50_ms is not None and summary.p99_ms is not None
     assert min(kept) <= summary.p50_ms <= summary.p99_ms <= max(kept)
+
+
+def test_recording_keeps_no_object_per_sample() -> None:
+    window = LatencyWindow(size=64)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for n in range(1000):
+            window.record(n / 1000)  # a new float each: the window must not keep them
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    kept = sum(stat.count_diff for stat in after.compare_to(before, "filename"))
+    assert kept < 8  # the loop's last `n`, not one block per sample in the window
+    assert window.summary().samples == 64
