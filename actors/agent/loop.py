@@ -165,13 +165,16 @@ class AgentLoop:
         """Drop what only the last turn needed (its message, projection, header), until `woke`.
 
         Called once the session hibernated: what is dropped is re-derived
-        from the log on wake, so nothing a later step sends changes.
+        from the log on wake, so nothing a later step sends changes. The
+        prompt's cached assembly plan for the agent's scope goes too (the
+        next assembly rebuilds it, as after any registration).
         """
         self._hibernated = True
         if self._last_header is not self._built_header:  # the reused one is kept anyway
             self._last_header = None
         self.turn_message = None
         self._projection = None
+        self.system_prompt.forget_plan(self.scope)
 
     def woke(self) -> None:
         """Re-derive, from the woken session, what `hibernate` dropped; a no-op when awake."""

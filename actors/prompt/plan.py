@@ -108,6 +108,10 @@ class PlanCache:
         """Drop every plan: the registrations changed."""
         self._plans.clear()
 
+    def discard(self, scope: Scope) -> None:
+        """Drop `scope`'s plan, if cached (its owner will not assemble for a while)."""
+        self._plans.pop(scope, None)
+
 
 def build_plan(registrations: Registrations, scope: Scope | None, parent: Plan) -> Plan:
     """The plan for `scope`'s chain: `parent` (its parent scope's plan) with `scope`'s layer on top.

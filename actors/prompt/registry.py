@@ -197,6 +197,15 @@ class SystemPrompt:
 
     # Assembly
 
+    def forget_plan(self, scope: Scope) -> None:
+        """Drop the cached assembly plan of `scope`'s chain (none cached: nothing happens).
+
+        For a caller that will not assemble for `scope` for a while (an
+        agent going idle): the plan is rebuilt by the next assembly, the
+        same as before, and the idle caller keeps no plan in the cache.
+        """
+        self._plans.discard(scope)
+
     def origins(self, scope: Scope | None = None) -> PromptOrigins:
         """Which layer supplies each effective section, context and tool of `scope`'s chain.
 
