@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from typing import Literal, TypeAlias, TypeVar, get_args
+from typing import Any, Literal, TypeAlias, get_args
 
 import attrs
 
@@ -53,7 +53,6 @@ Kind: TypeAlias = Literal[
     "change_callbacks",
 ]
 """The kinds of registration `PromptStatistics` counts."""
-_T = TypeVar("_T")
 
 
 @attrs.frozen(kw_only=True)
@@ -119,13 +118,7 @@ class Registrations:
             )
         layer = self._layer(scope)
         layer.sections[section.name] = section
-
-        def remove() -> None:
-            if layer.sections.get(section.name) is section:
-                del layer.sections[section.name]
-                self._drop_if_empty(scope, layer)
-
-        return self._commit(scope, "sections", remove)
+        return self._commit(scope, "sections", layer, section, section.name)
 
     def add_context(self, context: PromptContext, scope: Scope | None) -> Registration:
         """Store a runtime context in `scope`'s layer (see `SystemPrompt.context`)."""
@@ -137,25 +130,14 @@ class Registrations:
             raise PromptError(f"context {context.name!r} is already registered in {_where(scope)}")
         layer = self._layer(scope)
         layer.contexts[context.name] = context
-
-        def remove() -> None:
-            if layer.contexts.get(context.name) is context:
-                del layer.contexts[context.name]
-                self._drop_if_empty(scope, layer)
-
-        return self._commit(scope, "contexts", remove)
+        return self._commit(scope, "contexts", layer, context, context.name)
 
     def add_suppressor(self, scope: Scope | None) -> Registration:
         """Count one runtime-context suppressor in `scope`'s layer."""
         _check_open(scope, "a runtime-context suppressor")
         layer = self._layer(scope)
         layer.suppressors += 1
-
-        def remove() -> None:
-            layer.suppressors -= 1
-            self._drop_if_empty(scope, layer)
-
-        return self._commit(scope, "suppressors", remove)
+        return self._commit(scope, "suppressors", layer)
 
     def add_tool_provider(self, provider: ToolProvider, scope: Scope | None) -> Registration:
         """Append a tool provider to `scope`'s layer (see `SystemPrompt.tools`)."""
@@ -165,12 +147,7 @@ class Registrations:
         layer = self._layer(scope)
         entry = ToolProviderEntry(provider=provider, label=_label(provider))
         layer.tool_providers.append(entry)
-
-        def remove() -> None:
-            _remove_identical(layer.tool_providers, entry)
-            self._drop_if_empty(scope, layer)
-
-        return self._commit(scope, "tool_providers", remove)
+        return self._commit(scope, "tool_providers", layer, entry)
 
     def add_variable(
         self, name: str, provider: VariableProvider, scope: Scope | None
@@ -187,13 +164,7 @@ class Registrations:
         self._variable_seq += 1
         entry = VariableEntry(name=name, provider=provider, seq=self._variable_seq)
         layer.variables[name] = entry
-
-        def remove() -> None:
-            if layer.variables.get(name) is entry:
-                del layer.variables[name]
-                self._drop_if_empty(scope, layer)
-
-        return self._commit(scope, "variables", remove)
+        return self._commit(scope, "variables", layer, entry, name)
 
     def add_protection(self, protection: PromptProtection, scope: Scope | None) -> Registration:
         """Append a protection to `scope`'s layer (see `SystemPrompt.protect`)."""
@@ -218,12 +189,7 @@ class Registrations:
         layer = self._layer(scope)
         entry = ProtectionEntry(protection=protection)
         layer.protections.append(entry)
-
-        def remove() -> None:
-            _remove_identical(layer.protections, entry)
-            self._drop_if_empty(scope, layer)
-
-        return self._commit(scope, "protections", remove)
+        return self._commit(scope, "protections", layer, entry)
 
     def add_listener(self, listener: AssembleListener, scope: Scope | None) -> Registration:
         """Append a waterfall listener tagged with `scope` (see `SystemPrompt.on_assemble`)."""
@@ -232,11 +198,7 @@ class Registrations:
         _check_open(scope, f"assemble listener {_label(listener)!r}")
         entry = ListenerEntry(listener=listener, label=_label(listener), scope=scope)
         self.listeners.append(entry)
-
-        def remove() -> None:
-            _remove_identical(self.listeners, entry)
-
-        return self._commit(scope, "listeners", remove)
+        return self._commit(scope, "listeners", None, entry)
 
     def add_change_callback(self, callback: ChangeCallback, scope: Scope | None) -> Registration:
         """Append a change callback; neither this nor its disposal notifies."""
@@ -245,11 +207,7 @@ class Registrations:
         _check_open(scope, f"change callback {_label(callback)!r}")
         entry = ChangeCallbackEntry(callback=callback, label=_label(callback))
         self._change_callbacks.append(entry)
-
-        def remove() -> None:
-            _remove_identical(self._change_callbacks, entry)
-
-        return self._commit(scope, "change_callbacks", remove, notify=False)
+        return self._commit(scope, "change_callbacks", None, entry)
 
     def statistics(self) -> PromptStatistics:
         """Counts of live registrations per kind and of change notifications so far."""
@@ -286,21 +244,41 @@ class Registrations:
         self,
         scope: Scope | None,
         kind: Kind,
-        remove: Callable[[], None],
-        *,
-        notify: bool = True,
+        layer: Layer | None,
+        entry: object = None,
+        name: str | None = None,
     ) -> Registration:
-        def dispose() -> None:
-            remove()
-            self._counts[kind] -= 1
-            self._changed(notify)
-
-        registration = Registration(remove=dispose)
+        """Count and announce a stored entry; its `Registration` removes it (see `_Removal`)."""
+        registration = Registration(
+            remove=_Removal(
+                registrations=self, scope=scope, kind=kind, layer=layer, entry=entry, name=name
+            )
+        )
         self._counts[kind] += 1
         if scope is not None:
             scope.own(registration)
-        self._changed(notify)
+        self._changed(kind != "change_callbacks")
         return registration
+
+    def _remove(self, removal: _Removal) -> None:
+        """Undo what `_commit` recorded in `removal`: remove its entry, count, announce."""
+        kind, layer, entry = removal.kind, removal.layer, removal.entry
+        if layer is None:
+            _remove_identical(
+                self.listeners if kind == "listeners" else self._change_callbacks, entry
+            )
+        else:
+            if kind == "suppressors":
+                layer.suppressors -= 1
+            elif kind in ("tool_providers", "protections"):
+                _remove_identical(getattr(layer, kind), entry)
+            else:  # a table by name: the entry goes only if it still is the one registered
+                table = getattr(layer, kind)
+                if table.get(removal.name) is entry:
+                    del table[removal.name]
+            self._drop_if_empty(removal.scope, layer)
+        self._counts[kind] -= 1
+        self._changed(kind != "change_callbacks")
 
     def _changed(self, notify: bool) -> None:
         # Change callbacks are no assembly input: adding or removing one
@@ -316,6 +294,26 @@ class Registrations:
             except Exception:
                 self._change_callback_errors += 1
                 _logger.exception("prompt change callback %r raised", entry.label)
+
+
+@attrs.frozen(kw_only=True)
+class _Removal:
+    """What one registration stored, and where: calling it removes exactly that entry.
+
+    A small object rather than a closure over the same names: every idle
+    agent keeps a few registrations for its whole life, and a closure
+    (function, cells and their tuple) costs several times this.
+    """
+
+    registrations: Registrations
+    scope: Scope | None
+    kind: Kind
+    layer: Layer | None  # None: the registry-wide listeners or change callbacks
+    entry: object
+    name: str | None  # the key of an entry kept in a table by name
+
+    def __call__(self) -> None:
+        self.registrations._remove(self)
 
 
 def _check_open(scope: Scope | None, what: str) -> None:
@@ -341,7 +339,7 @@ def _label(fn: object) -> str:
     return name if isinstance(name, str) else repr(fn)
 
 
-def _remove_identical(items: list[_T], item: _T) -> None:
+def _remove_identical(items: list[Any], item: object) -> None:
     for index, candidate in enumerate(items):
         if candidate is item:
             del items[index]
