@@ -69,7 +69,8 @@ class Scope:
 
     name: str
     parent: Scope | None = attrs.field(default=None, on_setattr=attrs.setters.frozen)
-    _owned: dict[int, Registration] = attrs.field(factory=dict, init=False, repr=False)
+    # Keyed by the registrations themselves (hashed by identity), in registration order.
+    _owned: dict[Registration, None] = attrs.field(factory=dict, init=False, repr=False)
     _closed: bool = attrs.field(default=False, init=False)
 
     @property
@@ -97,17 +98,17 @@ class Scope:
             registration.dispose()
             raise ScopeClosedError(f"scope {self.name!r} is closed; cannot register into it")
         registration._owner = self
-        self._owned[id(registration)] = registration
+        self._owned[registration] = None
         return registration
 
     def _forget(self, registration: Registration) -> None:
-        self._owned.pop(id(registration), None)
+        self._owned.pop(registration, None)
 
     def close(self) -> None:
         """Dispose every registration this scope owns; idempotent."""
         if self._closed:
             return
         self._closed = True
-        owned, self._owned = list(self._owned.values()), {}
+        owned, self._owned = list(self._owned), {}
         for registration in reversed(owned):
             registration.dispose()
