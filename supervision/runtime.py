@@ -21,6 +21,7 @@ import attrs
 import trio
 
 from actors.agent import Agent, AgentOptions, Tool, open_agent, start_hosted_agent
+from actors.agent.tools import shared_tools
 from actors.boundary import one_exception
 from actors.prompt import PromptSection, PromptStatistics, SystemPrompt
 from actors.prompt import RegistryChange as RegistryChange
@@ -216,11 +217,12 @@ class Runtime:
         else:
             spec = HostedChildSpec(
                 id=f"agent:{sid}",
-                start=self._hosted_start(
+                start=_HostedStart(
+                    runtime=self,
                     provider=provider,
                     options=options,
                     session_id=sid,
-                    tools=tuple(tools),
+                    tools=shared_tools(tools),
                     setup=setup,
                 ),
                 stop=Agent.shutdown,
@@ -238,40 +240,6 @@ class Runtime:
             prompt=self.system_prompt.statistics(),
             awake=self.awake_agents.statistics(),
         )
-
-    def _hosted_start(
-        self,
-        *,
-        provider: Provider,
-        options: AgentOptions,
-        session_id: str,
-        tools: tuple[Tool, ...],
-        setup: Callable[[Agent], None] | None,
-    ) -> Callable[[ChildHost], Awaitable[Agent]]:
-        """An agent with no subagents: no task while idle, its turns run as the host's tasks."""
-
-        async def start(host: ChildHost) -> Agent:
-            agent = await start_hosted_agent(
-                system_prompt=self.system_prompt,
-                provider=provider,
-                options=options,
-                store=self.store,
-                host=host,
-                session_id=session_id,
-                tools=tools,
-                scope=self.scope,
-                clock=self._clock,
-                awake_slots=self.awake_agents,
-            )
-            try:
-                if setup is not None:
-                    setup(agent)
-            except BaseException:
-                await agent.shutdown()
-                raise
-            return agent
-
-        return start
 
     def _agent_start(
         self,
@@ -319,6 +287,45 @@ class Runtime:
                     await trio.sleep_forever()
 
         return start
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class _HostedStart:
+    """Starts an incarnation of an agent with no subagents: no task while idle, its turns run
+    as the host's tasks (`start_hosted_agent`), then `setup` runs.
+
+    An object rather than a closure: the supervisor keeps it for the agent's whole life (to
+    restart it), and a closure over these names costs several times as much.
+    """
+
+    runtime: Runtime
+    provider: Provider
+    options: AgentOptions
+    session_id: str
+    tools: tuple[Tool, ...]
+    setup: Callable[[Agent], None] | None
+
+    async def __call__(self, host: ChildHost) -> Agent:
+        runtime = self.runtime
+        agent = await start_hosted_agent(
+            system_prompt=runtime.system_prompt,
+            provider=self.provider,
+            options=self.options,
+            store=runtime.store,
+            host=host,
+            session_id=self.session_id,
+            tools=self.tools,
+            scope=runtime.scope,
+            clock=runtime._clock,
+            awake_slots=runtime.awake_agents,
+        )
+        try:
+            if self.setup is not None:
+                self.setup(agent)
+        except BaseException:
+            await agent.shutdown()
+            raise
+        return agent
 
 
 @asynccontextmanager

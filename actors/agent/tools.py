@@ -114,6 +114,43 @@ _shared_registries: OrderedDict[
 """Built registries by the identity of their tools (each entry keeps its tools alive)."""
 
 
+def shared_tools(tools: Iterable[Tool]) -> tuple[Tool, ...]:
+    """`tools` as a tuple: the same one for every call with the same `Tool` objects in order.
+
+    For whoever keeps an agent's tools for its whole life (to build its
+    registry again on a restart): thousands of agents with the same tools
+    then keep one tuple, not a copy each.
+
+    Raises:
+        ToolRegistryError: two tools share a name.
+    """
+    return _shared_entry(tools)[0]
+
+
+def _shared_entry(
+    tools: Iterable[Tool],
+) -> tuple[tuple[Tool, ...], dict[str, Tool], ToolProviderResult]:
+    """The cached (tools, table, provider result) of `tools`, built and cached if new.
+
+    Raises:
+        ToolRegistryError: two tools share a name.
+    """
+    listed = tuple(tools)
+    key = tuple(map(id, listed))
+    entry = _shared_registries.get(key)
+    if entry is None:
+        built = ToolRegistry()
+        for tool in listed:
+            built.add(tool)
+        entry = (listed, built._tools, built._result)
+        _shared_registries[key] = entry
+        if len(_shared_registries) > _SHARED_REGISTRIES:
+            _shared_registries.popitem(last=False)
+    else:
+        _shared_registries.move_to_end(key)
+    return entry
+
+
 @attrs.define(eq=False)
 class ToolRegistry:
     """An agent's tools, by name.
@@ -141,19 +178,7 @@ class ToolRegistry:
         Raises:
             ToolRegistryError: two tools share a name.
         """
-        listed = tuple(tools)
-        key = tuple(map(id, listed))
-        entry = _shared_registries.get(key)
-        if entry is None:
-            built = cls()
-            for tool in listed:
-                built.add(tool)
-            entry = (listed, built._tools, built._result)
-            _shared_registries[key] = entry
-            if len(_shared_registries) > _SHARED_REGISTRIES:
-                _shared_registries.popitem(last=False)
-        else:
-            _shared_registries.move_to_end(key)
+        entry = _shared_entry(tools)
         registry = cls()
         registry._tools, registry._result, registry._shared = entry[1], entry[2], True
         return registry
