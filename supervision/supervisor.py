@@ -184,20 +184,48 @@ class SupervisorStatistics:
 
 @attrs.define(eq=False)
 class _Incarnation:
-    """One run of a child's start function."""
+    """One run of a child's start function.
 
-    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    done: trio.Event = attrs.field(factory=trio.Event)
+    A hosted child's incarnation lives as long as the (mostly idle) child,
+    so it holds no cancel scope (it has no task of its own) and no event
+    until something waits for its end.
+    """
+
+    cancel_scope: trio.CancelScope | None = None
+    """The task of a child with one (None for a hosted child)."""
     started: bool = False
     terminating: bool = False
     value: object = None
     error: BaseException | None = None
     host: ChildHost | None = None
     """A hosted child's host (None for a child with a task of its own)."""
+    _done: bool = False
+    _done_event: trio.Event | None = None  # only while someone waits for the end
+
+    @property
+    def done(self) -> bool:
+        """True once the incarnation has ended (its task returned, or the hosted child stopped)."""
+        return self._done
+
+    def set_done(self) -> None:
+        """Mark the incarnation ended and wake whoever waits for it; idempotent."""
+        self._done = True
+        if self._done_event is not None:
+            self._done_event.set()
+
+    async def wait_done(self) -> None:
+        """Return once the incarnation has ended. Cancellable."""
+        if self._done:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._done_event is None:
+            self._done_event = trio.Event()
+        await self._done_event.wait()
 
     def cancel(self) -> None:
         """Cancel the incarnation's task, or a hosted child's tasks."""
-        self.cancel_scope.cancel()
+        if self.cancel_scope is not None:
+            self.cancel_scope.cancel()
         if self.host is not None:
             self.host.cancel()
 
@@ -226,7 +254,7 @@ class ChildHost:
                 incarnation has ended.
         """
         nursery = self._supervisor._check_running()
-        if self._incarnation.done.is_set() or self._incarnation.terminating:
+        if self._incarnation.done or self._incarnation.terminating:
             raise NotRunningError(
                 f"child {self._child.id!r} of supervisor {self._supervisor.name!r} has stopped"
             )
@@ -285,6 +313,7 @@ class _StatusRelay(Generic[T]):
         self.incarnation.value = value
         self.incarnation.started = True
         # From now on only the supervisor cancels the child, one at a time.
+        assert self.incarnation.cancel_scope is not None  # a child with a task of its own
         self.incarnation.cancel_scope.shield = True
         self.inner.started(value)
 
@@ -727,10 +756,11 @@ class Supervisor:
                 incarnation.error = exc
                 with trio.CancelScope(shield=True):
                     await host.cancel_and_wait()
-                incarnation.done.set()
+                incarnation.set_done()
                 raise
             incarnation.started = True
         else:
+            incarnation.cancel_scope = trio.CancelScope()
             await nursery.start(self._run, child, incarnation)
         child._set_state("running")
 
@@ -750,13 +780,13 @@ class Supervisor:
                 await incarnation.host.cancel_and_wait()
         finally:
             incarnation.host.cancel()
-            incarnation.done.set()
+            incarnation.set_done()
 
     async def _hosted_crash(
         self, child: Child[Any], incarnation: _Incarnation, error: BaseException
     ) -> None:
         """A hosted child's task raised: stop the child, then report its exit."""
-        if incarnation.terminating or incarnation.done.is_set():
+        if incarnation.terminating or incarnation.done:
             _logger.warning(
                 "child %r of supervisor %r raised while being terminated: %r",
                 child.id,
@@ -779,6 +809,7 @@ class Supervisor:
         relay: _StatusRelay[Any] = _StatusRelay(inner=task_status, incarnation=incarnation)
         spec = child.spec
         assert isinstance(spec, ChildSpec)
+        assert incarnation.cancel_scope is not None
         try:
             with incarnation.cancel_scope:
                 await spec.start(task_status=relay)
@@ -789,7 +820,7 @@ class Supervisor:
             if not incarnation.started:
                 raise
         finally:
-            incarnation.done.set()
+            incarnation.set_done()
         if not incarnation.started:
             return  # Trio reports the missing `started` to the starter
         if incarnation.terminating:
@@ -807,24 +838,24 @@ class Supervisor:
         incarnation = child._incarnation
         if incarnation is None:
             return ChildExit(reason="terminated")
-        if incarnation.done.is_set():
+        if incarnation.done:
             error = incarnation.error
             return ChildExit(reason="normal" if error is None else "crashed", error=error)
         if incarnation.host is not None and incarnation.terminating:
-            await incarnation.done.wait()  # a crash is being stopped already
+            await incarnation.wait_done()  # a crash is being stopped already
         elif incarnation.host is not None:
             incarnation.terminating = True
             await self._stop_hosted(child, incarnation)
         else:
             incarnation.terminating = True
-            incarnation.cancel_scope.cancel()
-            await incarnation.done.wait()
+            incarnation.cancel()
+            await incarnation.wait_done()
         return ChildExit(reason="terminated", error=incarnation.error)
 
     def _abandon(self, child: Child[Any]) -> None:
         """Drop a child whose `start_child` failed or was cancelled; stop it if it started."""
         incarnation = child._incarnation
-        if incarnation is not None and incarnation.started and not incarnation.done.is_set():
+        if incarnation is not None and incarnation.started and not incarnation.done:
             incarnation.terminating = True
             incarnation.cancel()
             self._remove(child, ChildExit(reason="terminated"))
