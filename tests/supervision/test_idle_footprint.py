@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import sys
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +154,34 @@ async def test_a_memory_store_keeps_only_each_logs_own_record() -> None:
         if not any(frame.filename.endswith("actors/session/store.py") for frame in stat.traceback)
     ]
     assert not outside_the_log, _describe(outside_the_log)
+
+
+async def test_an_idle_hosted_agent_is_a_few_dozen_objects() -> None:
+    """An idle agent's own objects (actor, loop, session, registrations, supervisor child):
+    each is a small record, not closures with their cells (it was 128 before they went)."""
+    agents = 100
+    provider = ScriptedProvider([Reply.text("done")] * (agents + 1))
+    options = AgentOptions(model="m", hibernate=True)
+    tools = _tools()
+    time_context = TimeContext(timezone="UTC")
+    async with open_runtime(system_prompt=_prompt(), providers={"default": provider}) as runtime:
+
+        async def start() -> Agent:
+            child = await runtime.start_agent(
+                options=options, tools=tools, setup=time_context.install
+            )
+            return child.value
+
+        await (await start()).run("warm up")
+        provider.requests.clear()
+        await _drop_stale_deadlines()
+        gc.collect()
+        before = Counter(type(o).__qualname__ for o in gc.get_objects())
+        started = [await start() for _ in range(agents)]
+        for agent in started:
+            await agent.run("hello")
+        provider.requests.clear()
+        await _drop_stale_deadlines()
+        gc.collect()
+        kept = Counter(type(o).__qualname__ for o in gc.get_objects()) - before
+    assert sum(kept.values()) <= 45 * agents, sorted(kept.items(), key=lambda item: -item[1])
