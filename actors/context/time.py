@@ -148,14 +148,17 @@ class _TimeState:
         entered = entered_step(proposal, decision)
         if entered is None:
             return decision
-        self._confirm_offer()
-        now = trio.current_time()
         interval = self.config.refresh_interval
-        delivered_at = self._delivered_at
-        if interval is not None and delivered_at is not None and now - delivered_at < interval:
-            return decision
-        self._offered_at = now
-        self._offered_from = len(self.session)
+        if interval is not None:
+            # Only an interval needs to know when a snapshot was delivered: without one
+            # nothing is kept between steps (no timestamps left behind by each turn).
+            self._confirm_offer()
+            now = trio.current_time()
+            delivered_at = self._delivered_at
+            if delivered_at is not None and now - delivered_at < interval:
+                return decision
+            self._offered_at = now
+            self._offered_from = len(self.session)
         return Enter(messages=[*entered.messages, self.config.snapshot(self.clock())])
 
     def _confirm_offer(self) -> None:
