@@ -430,6 +430,8 @@ class Agent:
         if first is None or last is None:
             return  # the log broke; closing the agent settles the ticket
         del self._tickets[id(message)]
+        if not self._tickets:
+            self._tickets.clear()  # frees the emptied table, kept otherwise while idle
         try:
             ticket.settle(result=turn_result(self.session.id, events[first : last + 1]))
         except TurnFailedError as failed:

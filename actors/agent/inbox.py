@@ -69,7 +69,12 @@ class Inbox:
 
     def claim(self, *, first_step: bool) -> Claim:
         """Remove and return what the proposed step takes."""
-        turn_message = self._next_turn.pop(0) if first_step and self._next_turn else None
+        turn_message = None
+        if first_step and self._next_turn:
+            # `del`, not `pop(0)`: emptying a list by `pop` leaves it a fresh zero-size buffer
+            # (allocated during the turn, kept while the agent idles); `del` frees it.
+            turn_message = self._next_turn[0]
+            del self._next_turn[0]
         step_messages = tuple(self._next_step)
         self._next_step.clear()
         return Claim(turn_message=turn_message, step_messages=step_messages)

@@ -153,8 +153,9 @@ class AgentLoop:
     """The next-turn message the current (or last) turn's first step claimed, if any."""
     _resumed: bool = attrs.field(default=False, init=False)
     _hibernated: bool = attrs.field(default=False, init=False)
-    _closing: list[EventData] = attrs.field(factory=list, init=False)
-    """The last step's closing events (tool results, `step/end`), written with `turn/end`."""
+    _closing: Sequence[EventData] = attrs.field(default=(), init=False)
+    """The last step's closing events (tool results, `step/end`), written with `turn/end`
+    (the shared empty tuple between turns, so an idle loop keeps no list of its own)."""
 
     def __attrs_post_init__(self) -> None:
         self._config = self.options.request_config()
@@ -215,7 +216,7 @@ class AgentLoop:
         self.abort_cause = "disposed"
         self.keep_claimed_on_abort = False
         self.turn_message = None
-        self._closing = []
+        self._closing = ()
         await self.session.append(TurnStart(turn=turn))
         reason: TurnEndReason | None = None
         log_broken = False
@@ -244,7 +245,7 @@ class AgentLoop:
                     self.inbox.put_back(self._unentered)
                     on_parked()
                 self._unentered = None
-            closing, self._closing = self._closing, []
+            closing, self._closing = self._closing, ()
             if reason is not None:
                 await self._append_shielded(*closing, TurnEnd(turn=turn, reason=reason), flush=True)
         return reason

@@ -198,8 +198,10 @@ class Session:
         if self._watches or self._append_lock.locked() or self.durable_seq < len(self) - 1:
             return False
         self._hibernated_length = len(self._events)
-        self._events = []
-        self._surface = []
+        # Emptied in place (freeing their item arrays), not replaced: new list objects would be
+        # allocated now, at the end of a burst of turns, and kept for the whole idle period.
+        self._events.clear()
+        self._surface.clear()
         return True
 
     async def wake(self) -> None:
@@ -225,8 +227,8 @@ class Session:
                 f"session {self.id!r}: waking from hibernation found {len(events)} stored "
                 f"events, expected {length}"
             )
-        self._events = events
-        self._surface = derive_messages(events)
+        self._events.extend(events)  # into the same (emptied) lists, see `hibernate`
+        self._surface.extend(derive_messages(events))
         self._hibernated_length = None
 
     def _awake(self) -> list[Event]:
