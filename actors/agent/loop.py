@@ -75,7 +75,7 @@ from actors.session.events import (
     TurnStart,
     UserMessage,
 )
-from actors.session.header import RequestHeader, canonical_header, header_equals
+from actors.session.header import RequestHeader, header_equals, shared_header
 from actors.session.replay import RENDER_FAILED
 from actors.session.session import Session
 
@@ -140,7 +140,7 @@ class AgentLoop:
     keep_claimed_on_abort: bool = False
     _projection: RuntimeContextProjection | None = attrs.field(factory=RuntimeContextProjection)
     """None while hibernated (rebuilt from the log by the next step's catch-up)."""
-    _config: dict[str, Any] = attrs.field(factory=dict, init=False)
+    _config: Mapping[str, Any] = attrs.field(factory=dict, init=False)
     _last_header: RequestHeader | None = attrs.field(default=None, init=False)
     _built_header: RequestHeader | None = attrs.field(default=None, init=False)
     _header_logged: bool = attrs.field(default=False, init=False)
@@ -158,7 +158,7 @@ class AgentLoop:
     (the shared empty tuple between turns, so an idle loop keeps no list of its own)."""
 
     def __attrs_post_init__(self) -> None:
-        self._config = self.options.request_config()
+        self._config = _shared_config(self.options.request_config())
         self._last_header = self.session.header()
         self._resumed = len(self.session) > 0
 
@@ -391,15 +391,15 @@ class AgentLoop:
         """The canonical header a step with this system text and assembly sends.
 
         The last one built is reused (the same object) while the system text
-        and the tools are equal: the config is fixed for the loop.
+        and the tools are equal: the config is fixed for the loop. A new one
+        is the header every agent building an equal one shares
+        (`shared_header`), so an idle agent keeps no header of its own.
         """
         tools = tuple(assembly.tools)
         built = self._built_header
         if built is not None and built.system == (system or None) and built.tools == tools:
             return built
-        header = canonical_header(
-            RequestHeader(config=_shared_config(self._config), system=system, tools=tools)
-        )
+        header = shared_header(self._config, system, tools)
         self._built_header = header
         return header
 
