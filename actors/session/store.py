@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import orjson
@@ -27,9 +27,7 @@ from actors.session.lease import (
     SessionFencedError,
     default_owner,
 )
-
-StoredEvent: TypeAlias = bytes | str | dict[str, Any]
-"""One event in a `MemoryStore`: JSON as UTF-8 bytes or ASCII text, or a header's shared JSON."""
+from actors.session.memory_log import HEADER, JSON_TEXT, MemoryLog
 
 
 class SessionExistsError(SessionError):
@@ -138,18 +136,27 @@ class SessionStore(Protocol):
 class MemoryStore:
     """An in-process store: durable for the life of the object, no writer task needed.
 
-    Events are kept in their durable JSON form: each as its compact JSON
-    (one small object per event, not a tree of dicts, lists and strings:
-    UTF-8 bytes written by orjson, or ASCII text where only `json` writes it
-    exactly, see `_stored_form`), except request headers, kept decoded with
-    their tool schemas shared between sessions (`event_to_shared_json`), so
-    an idle session's log costs about the bytes of its own events.
+    Events are kept in their durable JSON form: a session's log is one
+    buffer of its events' compact JSON texts (`MemoryLog`: UTF-8 written by
+    orjson, or ASCII where only `json` writes it exactly, see
+    `_stored_form`), so an idle session's log costs about the bytes of its
+    own events in a few allocations, not a small object per event. A
+    request header (its config, system text and tool schemas) is not
+    repeated in every log that sends it: a `request/header` event's
+    `header` is written as the number of the store's one decoded copy of
+    that header, whose tool list is itself shared between headers
+    (`event_to_shared_json`).
 
     Leases never expire here: every holder lives in this process, and
     `open_agent` releases its lease however it exits.
     """
 
-    _logs: dict[str, list[StoredEvent]] = attrs.field(factory=dict, init=False)
+    _logs: dict[str, MemoryLog] = attrs.field(factory=dict, init=False)
+    _headers: list[dict[str, Any]] = attrs.field(factory=list, init=False)
+    """The decoded request headers logs refer to by number (read-only, shared by their loads)."""
+    _header_numbers: dict[str, int] = attrs.field(factory=dict, init=False)
+    """`_headers` numbers by content: a header's JSON text without its tools, and the identity
+    of its shared tool list (kept alive in `_headers`, so never reused while numbered)."""
     _holders: dict[str, Lease] = attrs.field(factory=dict, init=False)
     _epochs: dict[str, int] = attrs.field(factory=dict, init=False)
     _marks: DurableMarks = attrs.field(factory=DurableMarks, init=False)
@@ -169,7 +176,7 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         if session_id in self._logs:
             raise SessionExistsError(f"session {session_id!r} already exists")
-        self._logs[session_id] = []
+        self._logs[session_id] = MemoryLog()
 
     async def exists(self, session_id: str) -> bool:
         """True when `session_id` was created."""
@@ -179,7 +186,10 @@ class MemoryStore:
     async def load(self, session_id: str) -> list[Event]:
         """The session's events, decoded from their stored JSON."""
         await trio.lowlevel.checkpoint()
-        return [event_from_json(_decoded(item)) for item in self._log(session_id)]
+        return [
+            event_from_json(self._decoded(text, flags))
+            for text, flags in self._log(session_id).items()
+        ]
 
     async def acquire_lease(self, session_id: str, *, owner: str | None = None) -> Lease:
         """Take the lease of `session_id`; `SessionBusyError` while another holds it."""
@@ -247,7 +257,7 @@ class MemoryStore:
                     f"expected {expected}"
                 )
         # Encoded first, so a refused append stores none of its events.
-        log.extend([_stored_form(session_id, event) for event in events])
+        log.extend([self._stored_form(session_id, event) for event in events])
         self._marks.advance(session_id, len(log) - 1)
 
     async def flush(self, session_id: str | None = None) -> None:
@@ -288,18 +298,81 @@ class MemoryStore:
         log = self._logs.get(session_id)
         if log is None or not 0 <= seq < len(log):
             return None
-        item = log[seq]
-        if type(item) is str:
-            return item.encode()
-        if type(item) is bytes and item.isascii() and b"\x7f" not in item:
-            return item
+        text, flags = log.item(seq)
+        if flags & HEADER:
+            return None
+        if flags & JSON_TEXT or (text.isascii() and b"\x7f" not in text):
+            return text
         return None
 
-    def _log(self, session_id: str) -> list[StoredEvent]:
+    def _log(self, session_id: str) -> MemoryLog:
         try:
             return self._logs[session_id]
         except KeyError:
             raise UnknownSessionError(f"session {session_id!r} is not in this store") from None
+
+    def _stored_form(self, session_id: str, event: Event) -> tuple[bytes, int]:
+        """How this store keeps `event`: its compact JSON text and `MemoryLog` flags.
+
+        orjson writes it (UTF-8) where that gives exactly what `json`
+        accepts, which is nearly always; `json` writes it (ASCII) where
+        orjson refuses a value (integers beyond 64 bits, lone surrogates,
+        non-string keys, subclasses of built-in types), where orjson could
+        have written a NaN or an infinity as `null` (any `null` in its
+        output: `json` refuses those), and for the raw data of an event type
+        this version does not know. So an event is refused exactly when
+        `json` refuses it. A request header's `header` is written as the
+        number of the store's shared copy of it (`_header_number`).
+
+        Raises:
+            SessionError: the event cannot be written as JSON; names the session and seq.
+        """
+        data = event.data
+        try:
+            if isinstance(data, RequestHeaderLogged):
+                item = event_to_shared_json(event)
+                item["data"]["header"] = self._header_number(item["data"]["header"])
+                return _encode(item).encode(), HEADER | JSON_TEXT
+            obj = event_to_json(event)
+            if not isinstance(data, UnknownData):
+                try:
+                    text = orjson.dumps(obj, option=_ORJSON_OPTIONS)
+                except orjson.JSONEncodeError:
+                    pass
+                else:
+                    if b"null" not in text:
+                        return text, 0
+            return _encode(obj).encode(), JSON_TEXT
+        except (TypeError, ValueError) as exc:
+            raise SessionError(
+                f"session {session_id!r}: event seq {event.seq} ({event.type}) "
+                f"cannot be stored as JSON: {exc}"
+            ) from exc
+
+    def _header_number(self, header: dict[str, Any]) -> int:
+        """The number of the stored copy of `header` (its shared JSON form), stored if new.
+
+        Raises:
+            TypeError, ValueError: the header cannot be written as JSON.
+        """
+        tools = header.get("tools")
+        key = _encode({name: value for name, value in header.items() if name != "tools"})
+        if tools is not None:
+            key += f"+tools@{id(tools)}"
+        number = self._header_numbers.get(key)
+        if number is None:
+            number = self._header_numbers[key] = len(self._headers)
+            self._headers.append(header)
+        return number
+
+    def _decoded(self, text: bytes | bytearray, flags: int) -> Any:
+        """The JSON value of a kept event (`_stored_form`): each encoder's own text, decoded."""
+        if not flags & JSON_TEXT:
+            return orjson.loads(text)
+        item = json.loads(text)
+        if flags & HEADER:
+            item["data"]["header"] = self._headers[item["data"]["header"]]
+        return item
 
 
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
@@ -311,48 +384,3 @@ _ORJSON_OPTIONS = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
 )
 """Values `json` refuses are refused by orjson too (no `default`), so `json` decides them."""
-
-
-def _stored_form(session_id: str, event: Event) -> StoredEvent:
-    """How a `MemoryStore` keeps `event`: its compact JSON, or a header's shared JSON.
-
-    orjson writes it (UTF-8 bytes, copied to an object of their size:
-    orjson's own output keeps a 4 KB buffer) where that gives exactly what
-    `json` accepts, which is nearly always; `json` writes it (ASCII text)
-    where orjson refuses a value (integers beyond 64 bits, lone surrogates,
-    non-string keys, subclasses of built-in types), where orjson could have
-    written a NaN or an infinity as `null` (any `null` in its output: `json`
-    refuses those), and for the raw data of an event type this version does
-    not know. So an event is refused exactly when `json` refuses it.
-
-    Raises:
-        SessionError: the event cannot be written as JSON; names the session and seq.
-    """
-    data = event.data
-    if isinstance(data, RequestHeaderLogged):
-        return event_to_shared_json(event)
-    obj = event_to_json(event)
-    if not isinstance(data, UnknownData):
-        try:
-            text = orjson.dumps(obj, option=_ORJSON_OPTIONS)
-        except orjson.JSONEncodeError:
-            pass
-        else:
-            if b"null" not in text:
-                return bytes(memoryview(text))
-    try:
-        return _encode(obj)
-    except (TypeError, ValueError) as exc:
-        raise SessionError(
-            f"session {session_id!r}: event seq {event.seq} ({event.type}) "
-            f"cannot be stored as JSON: {exc}"
-        ) from exc
-
-
-def _decoded(item: StoredEvent) -> Any:
-    """The JSON value of a stored event (`_stored_form`): each encoder's own text, decoded."""
-    if type(item) is bytes:
-        return orjson.loads(item)
-    if type(item) is str:
-        return json.loads(item)
-    return item

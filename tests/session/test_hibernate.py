@@ -18,7 +18,7 @@ from actors.session import (
     SessionHibernatingError,
     SQLiteStore,
 )
-from actors.session.events import TurnEnd, TurnEndReason, TurnStart, UserMessage
+from actors.session.events import Event, TurnEnd, TurnEndReason, TurnStart, UserMessage
 
 
 def user(text: str) -> UserMessage:
@@ -75,11 +75,21 @@ async def test_watching_a_hibernating_session_wakes_it() -> None:
         assert not session.hibernating
 
 
+class LosingStore(MemoryStore):
+    """A memory store that, once `lose` is set, gives back every event but the last."""
+
+    lose = False
+
+    async def load(self, session_id: str) -> list[Event]:
+        events = await super().load(session_id)
+        return events[:-1] if self.lose else events
+
+
 async def test_a_store_that_lost_events_fails_the_wake_naming_the_session() -> None:
-    store = MemoryStore()
+    store = LosingStore()
     session = await filled_session(store)
     session.hibernate()
-    store._logs["s"].pop()
+    store.lose = True
     with pytest.raises(SessionError, match="'s': waking from hibernation found 2 stored events"):
         await session.wake()
     assert session.hibernating

@@ -66,8 +66,11 @@ async def test_a_memory_store_keeps_one_copy_across_sessions_and_loads_them_exac
     for session in ("a", "b"):
         await store.create(session)
         await store.append(session, [_header_event()])
-    stored = [store._logs[s][0]["data"]["header"]["tools"] for s in ("a", "b")]
-    assert stored[0] is stored[1]
+    # The header by reference: one stored copy.
+    assert store._logs["a"].item(0) == store._logs["b"].item(0)
+    (header,) = store._headers
+    assert header["tools"] is event_to_shared_json(_header_event())["data"]["header"]["tools"]
+    assert json.dumps(TOOLS[0].name).encode() not in store._logs["a"].item(0)[0]
     loaded = [await store.load(s) for s in ("a", "b")]
     assert loaded[0] == loaded[1] == [_header_event()]
     data = loaded[0][0].data

@@ -1,0 +1,35 @@
+"""`MemoryLog`: one session's event texts in one buffer, each read back with its flags."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.session.memory_log import HEADER, JSON_TEXT, MemoryLog
+
+FLAGS = st.sampled_from([0, JSON_TEXT, HEADER | JSON_TEXT])
+ITEMS = st.lists(st.tuples(st.binary(max_size=40), FLAGS), max_size=30)
+
+
+@given(ITEMS, st.lists(st.integers(min_value=0, max_value=5), max_size=30))
+def test_items_appended_in_any_chunks_read_back_in_order_with_their_flags(
+    items: list[tuple[bytes, int]], chunk_sizes: list[int]
+) -> None:
+    log = MemoryLog()
+    rest = list(items)
+    for size in chunk_sizes:
+        log.extend(rest[:size])
+        rest = rest[size:]
+    log.extend(rest)
+    assert len(log) == len(items)
+    assert [(bytes(text), flags) for text, flags in log.items()] == items
+    assert [log.item(seq) for seq in range(len(items))] == items
+
+
+@pytest.mark.parametrize("seq", [-1, 2])
+def test_a_seq_outside_the_log_is_an_index_error_naming_it(seq: int) -> None:
+    log = MemoryLog()
+    log.extend([(b"{}", 0), (b"[]", JSON_TEXT)])
+    with pytest.raises(IndexError, match=f"seq {seq} is not in this log of 2 events"):
+        log.item(seq)
