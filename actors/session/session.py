@@ -90,7 +90,9 @@ class Session:
     _watches: int = attrs.field(default=0, init=False)
     _extended: trio.Event | None = attrs.field(default=None, init=False)  # while waited for
     _extension_waited: bool = attrs.field(default=False, init=False)
-    _append_lock: trio.StrictFIFOLock = attrs.field(factory=trio.StrictFIFOLock, init=False)
+    # Made by the first append after a wake, dropped by `hibernate` (nothing holds or awaits it
+    # then): an idle session keeps no lock and its parking lot.
+    _append_lock: trio.StrictFIFOLock | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._surface = derive_messages(self._events)
@@ -195,8 +197,10 @@ class Session:
         """
         if self._hibernated_length is not None:
             return True
-        if self._watches or self._append_lock.locked() or self.durable_seq < len(self) - 1:
+        appending = self._append_lock is not None and self._append_lock.locked()
+        if self._watches or appending or self.durable_seq < len(self) - 1:
             return False
+        self._append_lock = None
         self._hibernated_length = len(self._events)
         # Emptied in place (freeing their item arrays), not replaced: new list objects would be
         # allocated now, at the end of a burst of turns, and kept for the whole idle period.
@@ -299,10 +303,13 @@ class Session:
         # Uncontended appends take the lock without an extra scheduling point;
         # the store's append is the cancellation point (and, where storing
         # can block, the scheduling point).
+        lock = self._append_lock
+        if lock is None:
+            lock = self._append_lock = trio.StrictFIFOLock()
         try:
-            self._append_lock.acquire_nowait()
+            lock.acquire_nowait()
         except trio.WouldBlock:
-            await self._append_lock.acquire()
+            await lock.acquire()
         try:
             if self._hibernated_length is not None:
                 await self.wake()
@@ -323,7 +330,7 @@ class Session:
                 self._extended = None
             return events
         finally:
-            self._append_lock.release()
+            lock.release()
 
     @property
     def durable_seq(self) -> int:
