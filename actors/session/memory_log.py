@@ -1,49 +1,68 @@
 """One session's log in a `MemoryStore`: its events' JSON texts in one buffer.
 
 A session's events are kept as their compact JSON texts, one after the
-other in one `bytearray`, with one array of their end offsets (and two
-flags each). So an idle session's log is two small objects and two
-buffers, the text's in the C allocator once it passes 512 bytes, rather
-than a small object per event left wherever the turn that wrote it
-allocated it (a burst of turns then leaves its arenas pinned, half-used,
-by the events it logged).
+other in one `bytearray`, each followed by a 4-byte trailer (its length
+and two flags). So an idle session's log is one object, whose buffer is in
+the C allocator once it passes 512 bytes, rather than a small object per
+event (or an offsets array) allocated during the turn that wrote it: a
+burst of turns would leave those scattered over its arenas, keeping them
+from being given back long after the burst ended.
+
+Reading runs backwards from the end along the trailers, so the last events
+(what a log's readers ask for as it grows) are found at once.
 """
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Iterator, Sequence
+import struct
+from collections.abc import Sequence
+
+from actors.session.errors import SessionError
 
 JSON_TEXT = 1
 """The text is what `json` writes (ASCII); without this flag, what orjson writes (UTF-8)."""
 HEADER = 2
 """A `request/header` event whose header is the number of the store's shared copy."""
-_FLAGS = 2
-"""Bits of each `_ends` entry taken by the flags."""
+_FLAG_BITS = 2
+_FLAG_MASK = (1 << _FLAG_BITS) - 1
+_TRAILER = struct.Struct("<I")
+MAX_EVENT_BYTES = (1 << (32 - _FLAG_BITS)) - 1
+"""The longest event text a `MemoryLog` keeps (1 GiB less a byte)."""
 
 
 class MemoryLog:
     """The JSON texts of one session's events, in seq order, each with its flags.
 
     Appending is amortized O(size of what is appended); reading event `seq`
-    is O(its size). Not thread-safe (a `MemoryStore` is used from one Trio
-    thread).
+    is O(number of events after it) plus its size. Not thread-safe (a
+    `MemoryStore` is used from one Trio thread).
     """
 
-    __slots__ = ("_ends", "_text")
+    __slots__ = ("_buffer", "_count")
 
     def __init__(self) -> None:
-        self._text = bytearray()
-        self._ends = array("Q")
+        self._buffer = bytearray()
+        self._count = 0
 
     def __len__(self) -> int:
-        return len(self._ends)
+        return self._count
 
     def extend(self, items: Sequence[tuple[bytes, int]]) -> None:
-        """Append each `(text, flags)` of `items` as the next event."""
+        """Append each `(text, flags)` of `items` as the next event; all of them or none.
+
+        Raises:
+            SessionError: a text is longer than `MAX_EVENT_BYTES` (names its size).
+        """
+        for text, _ in items:
+            if len(text) > MAX_EVENT_BYTES:
+                raise SessionError(
+                    f"an event of {len(text):,} bytes of JSON is longer than a memory store "
+                    f"keeps ({MAX_EVENT_BYTES:,})"
+                )
         for text, flags in items:
-            self._text += text
-            self._ends.append(len(self._text) << _FLAGS | flags)
+            self._buffer += text
+            self._buffer += _TRAILER.pack(len(text) << _FLAG_BITS | flags)
+        self._count += len(items)
 
     def item(self, seq: int) -> tuple[bytes, int]:
         """Event `seq`'s text (a copy) and flags.
@@ -51,18 +70,24 @@ class MemoryLog:
         Raises:
             IndexError: no event `seq` is kept.
         """
-        if not 0 <= seq < len(self._ends):
-            raise IndexError(f"seq {seq} is not in this log of {len(self._ends)} events")
-        entry = self._ends[seq]
-        start = self._ends[seq - 1] >> _FLAGS if seq else 0
-        return bytes(self._text[start : entry >> _FLAGS]), entry & (1 << _FLAGS) - 1
+        if not 0 <= seq < self._count:
+            raise IndexError(f"seq {seq} is not in this log of {self._count} events")
+        end = len(self._buffer)
+        for _ in range(self._count - seq - 1):
+            end -= _TRAILER.size + (_TRAILER.unpack_from(self._buffer, end - 4)[0] >> _FLAG_BITS)
+        trailer = _TRAILER.unpack_from(self._buffer, end - 4)[0]
+        start = end - _TRAILER.size - (trailer >> _FLAG_BITS)
+        return bytes(self._buffer[start : end - _TRAILER.size]), trailer & _FLAG_MASK
 
-    def items(self) -> Iterator[tuple[bytearray, int]]:
+    def items(self) -> list[tuple[bytearray, int]]:
         """Every event's text (a copy) and flags, in seq order."""
-        text = self._text
-        start = 0
-        mask = (1 << _FLAGS) - 1
-        for entry in self._ends:
-            end = entry >> _FLAGS
-            yield text[start:end], entry & mask
-            start = end
+        buffer = self._buffer
+        out: list[tuple[bytearray, int]] = []
+        end = len(buffer)
+        while end:
+            trailer = _TRAILER.unpack_from(buffer, end - 4)[0]
+            start = end - _TRAILER.size - (trailer >> _FLAG_BITS)
+            out.append((buffer[start : end - _TRAILER.size], trailer & _FLAG_MASK))
+            end = start
+        out.reverse()
+        return out

@@ -324,14 +324,15 @@ async def _measure(
             nursery.start_soon(turn, index)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     steps = 2 * sessions
-    overheads = sorted(
-        max(0.0, (elapsed - waited) / 2)
-        for elapsed, waited in zip(turn_times, provider.expected_waits, strict=True)
-    )
     gc.collect()
     # Idle sessions are measured idle: after the runtime's trim of what the burst freed.
     await trio.sleep(TRIM_QUIET_SECONDS + 1.0)
     rss_after = rss_kb()
+    # Computed after RSS is read: these floats are the benchmark's, not the sessions'.
+    overheads = sorted(
+        max(0.0, (elapsed - waited) / 2)
+        for elapsed, waited in zip(turn_times, provider.expected_waits, strict=True)
+    )
     trims = runtime.statistics().awake.trims
     # A turn on an idle session among all the others.
     probe = random.Random(12).randrange(sessions)

@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.session import memory_log
+from actors.session.errors import SessionError
 from actors.session.memory_log import HEADER, JSON_TEXT, MemoryLog
 
 FLAGS = st.sampled_from([0, JSON_TEXT, HEADER | JSON_TEXT])
@@ -33,3 +35,15 @@ def test_a_seq_outside_the_log_is_an_index_error_naming_it(seq: int) -> None:
     log.extend([(b"{}", 0), (b"[]", JSON_TEXT)])
     with pytest.raises(IndexError, match=f"seq {seq} is not in this log of 2 events"):
         log.item(seq)
+
+
+def test_an_event_text_too_long_to_keep_is_refused_and_nothing_of_its_append_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(memory_log, "MAX_EVENT_BYTES", 8)
+    log = MemoryLog()
+    log.extend([(b"{}", 0)])
+    with pytest.raises(SessionError, match="an event of 9 bytes of JSON is longer than a memory"):
+        log.extend([(b"[]", 0), (b"[1,2,3,4]", 0)])
+    assert log.items() == [(b"{}", 0)]
+    assert len(log) == 1
