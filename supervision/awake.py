@@ -1,9 +1,11 @@
 """Awake agents: how many of a runtime's hosted agents run at once, and memory given back after.
 
-An idle hosted agent holds no task; its loop task enters `AwakeAgents`
-(`async with`) from before its session wakes until it went idle again. The
-runtime shares one `AwakeAgents` between its hosted agents: it bounds how
-many are awake at once (`limit`), and once a burst of them has gone back
+An idle hosted agent holds no task; `AwakeAgents` (the runtime's
+`actors.agent.awake_slots.AwakeSlots`) admits it when input wakes it, and
+its loop task holds a slot from before its session wakes until it went idle
+again. The runtime shares one `AwakeAgents` between its hosted agents: it
+bounds how many are awake at once (`limit`; agents beyond it wait in a
+queue as one reference each, with no task), and once a burst of them has gone back
 to sleep it asks the C allocator to give the freed memory back to the
 operating system (`trim`, glibc's `malloc_trim` where there is one).
 
@@ -23,8 +25,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from collections import deque
 from collections.abc import Callable
-from types import TracebackType
 
 import attrs
 import trio
@@ -70,9 +72,12 @@ def _limit(instance: object, attribute: attrs.Attribute[int | None], value: int 
 
 @attrs.frozen(kw_only=True)
 class AwakeStatistics:
-    """A snapshot of `AwakeAgents`: agents awake now, the bound, and the trims started."""
+    """A snapshot of `AwakeAgents`: agents awake now, admissions waiting for a slot (an agent
+    closed while it waited counts until its turn comes and it declines), the bound, and the
+    trims started."""
 
     awake: int
+    waiting: int
     limit: int | None
     trims: int
     trim_supported: bool
@@ -82,18 +87,19 @@ class AwakeStatistics:
 class AwakeAgents:
     """Counts (and optionally bounds) awake agents; gives memory back once they all slept.
 
-    Each awake period is `async with awake_agents:` in the agent's loop
-    task: entering waits for a slot when `limit` agents are awake (first
-    come, first served), leaving frees it. `serve` (a service of the
-    runtime) trims the allocator as the module docstring says; without
-    `trim` (no `malloc_trim` here, or trimming turned off) it only counts.
+    Each awake period begins with `admit` (the agent's start callback runs
+    at once when fewer than `limit` agents are awake and none waits, else
+    once a slot frees, first come first served) and ends with `release`.
+    `serve` (a service of the runtime) trims the allocator as the module
+    docstring says; without `trim` (no `malloc_trim` here, or trimming
+    turned off) it only counts.
     """
 
     limit: int | None = attrs.field(default=None, validator=_limit)
     trim: Callable[[], object] | None = attrs.field(factory=find_malloc_trim)
     quiet: float = TRIM_QUIET_SECONDS
     trim_after: int = TRIM_AFTER_SLEEPS
-    _limiter: trio.CapacityLimiter | None = attrs.field(init=False)
+    _waiting: deque[Callable[[], bool]] = attrs.field(factory=deque, init=False)
     _awake: int = attrs.field(default=0, init=False)
     _wakes: int = attrs.field(default=0, init=False)
     _slept: int = attrs.field(default=0, init=False)  # awake periods ended since the last trim
@@ -101,36 +107,40 @@ class AwakeAgents:
     _all_asleep: trio.Event | None = attrs.field(default=None, init=False)  # while waited for
     _trims: int = attrs.field(default=0, init=False)
 
-    def __attrs_post_init__(self) -> None:
-        self._limiter = None if self.limit is None else trio.CapacityLimiter(self.limit)
+    def admit(self, start: Callable[[], bool], /) -> None:
+        """Run `start` holding a slot: now if one is free and nobody waits, else once one frees.
 
-    async def __aenter__(self) -> None:
-        """Wait for a slot (with a `limit`), then count the agent awake.
-
-        A free slot (and nobody waiting before this agent) is taken without
-        a checkpoint: the loop task that enters has just started.
-
-        Cancellation: cancellable while waiting; nothing is held then.
+        If `start` returns False (the agent closed while it waited) its slot
+        is freed at once. Never blocks; `start` runs in the task that calls
+        `admit` or `release`.
         """
-        if self._limiter is not None:
-            try:
-                self._limiter.acquire_nowait()
-            except trio.WouldBlock:
-                await self._limiter.acquire()
+        if self._waiting or not self._slot_free():
+            self._waiting.append(start)
+            return
         self._awake += 1
         self._wakes += 1
+        if not start():
+            self._asleep()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        """Count the agent asleep and free its slot; never raises, never blocks."""
+    def release(self) -> None:
+        """Free the slot of an agent that went idle, and admit those waiting while slots are free.
+
+        Never raises, never blocks.
+        """
+        self._asleep()
+        while self._waiting and self._slot_free():
+            start = self._waiting.popleft()
+            self._awake += 1
+            self._wakes += 1
+            if not start():
+                self._asleep()
+
+    def _slot_free(self) -> bool:
+        return self.limit is None or self._awake < self.limit
+
+    def _asleep(self) -> None:
         self._awake -= 1
         self._slept += 1
-        if self._limiter is not None:
-            self._limiter.release()
         if self._awake == 0:
             self._asleep_since = trio.current_time()
             if self._all_asleep is not None and self._trim_due():
@@ -140,6 +150,7 @@ class AwakeAgents:
         """Agents awake now, the bound and how many trims were started."""
         return AwakeStatistics(
             awake=self._awake,
+            waiting=len(self._waiting),
             limit=self.limit,
             trims=self._trims,
             trim_supported=self.trim is not None,

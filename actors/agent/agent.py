@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import Literal, Protocol
 
 import attrs
 import trio
 
+from actors.agent.awake_slots import AwakeSlots
 from actors.agent.decisions import PreStepListener, RequestErrorListener
 from actors.agent.inbox import Inbox, InboxStatistics
 from actors.agent.inspect import StepInspection, inspect_next_step
@@ -60,7 +61,8 @@ class AgentStatistics:
     """A snapshot of an agent's state and counters.
 
     `loop_task` is True while the agent's loop task exists (a turn runs, or
-    woken input waits for one); an idle agent has none.
+    woken input waits for one) or waits for its host's awake slot to start
+    (`start_hosted_agent`); an idle agent has none.
     """
 
     status: Literal["idle", "running"]
@@ -117,8 +119,9 @@ class Agent:
     _loop_scope: trio.CancelScope | None = None
     _loop_done: trio.Event | None = None
     _lease_released: bool = False  # by `shutdown`
-    _awake_slots: AbstractAsyncContextManager[None] | None = None
-    """Shared by a host's agents, entered while awake (see `start_hosted_agent`)."""
+    _awake_slots: AwakeSlots | None = None
+    """Shared by a host's agents, one held while awake (see `start_hosted_agent`)."""
+    _waiting_for_slot: bool = False  # admitted by `_awake_slots` later, not yet started
 
     @property
     def status(self) -> Literal["idle", "running"]:
@@ -266,8 +269,31 @@ class Agent:
             self._wake_requested = True
             if not self._loop_task and not self._disposing:
                 self._loop_task = True
-                self._nursery.start_soon(self._run_loop)
+                if self._awake_slots is None:
+                    self._nursery.start_soon(self._run_loop)
+                else:
+                    self._waiting_for_slot = True
+                    self._awake_slots.admit(self._admitted)
             self._refresh_idle()
+
+    def _admitted(self) -> bool:
+        """Start the loop task now that it holds an awake slot; False if the agent gave its
+        place up while it waited (`dispose`), or its host can no longer start tasks (closing)."""
+        if not self._waiting_for_slot:
+            return False
+        self._waiting_for_slot = False
+        try:
+            self._nursery.start_soon(self._run_loop)
+        except RuntimeError:  # the host's nursery is closed: its agents are being shut down
+            self._not_admitted()
+            return False
+        return True
+
+    def _not_admitted(self) -> None:
+        """The loop task that waited for a slot will not run: input filed now starts no turn."""
+        self._loop_task = False
+        self._wake_requested = False
+        self._refresh_idle()
 
     # -- listeners --------------------------------------------------------
 
@@ -355,8 +381,10 @@ class Agent:
         if self._awake_slots is None:
             await self._run_turns()
             return
-        async with self._awake_slots:
+        try:
             await self._run_turns()
+        finally:
+            self._awake_slots.release()  # held since `_admitted`
 
     async def _run_turns(self) -> None:
         while self._wake_requested and not self._disposing:
@@ -495,6 +523,9 @@ class Agent:
         """
         self._parked = True  # no further turn starts while the agent closes
         self._disposing = True
+        if self._waiting_for_slot:  # its admission declines when its turn comes
+            self._waiting_for_slot = False
+            self._not_admitted()
         if self._turn_scope is not None:
             self._loop.abort_cause = "disposed"
             self._turn_scope.cancel()
@@ -620,7 +651,7 @@ def _new_agent(
     scope: Scope | None,
     rng: random.Random | None,
     nursery: TaskSpawner,
-    awake_slots: AbstractAsyncContextManager[None] | None = None,
+    awake_slots: AwakeSlots | None = None,
 ) -> Agent:
     """The agent over an open `session`, its scope registered; its loop task starts in `nursery`."""
     agent_scope = Scope(name=f"agent:{session.id}", parent=scope)
@@ -679,7 +710,7 @@ async def start_hosted_agent(
     scope: Scope | None = None,
     clock: WallClock = system_clock_ms,
     rng: random.Random | None = None,
-    awake_slots: AbstractAsyncContextManager[None] | None = None,
+    awake_slots: AwakeSlots | None = None,
 ) -> Agent:
     """An agent like `open_agent`'s, with no nursery or task of its own: `host` runs its loop task.
 
@@ -694,15 +725,16 @@ async def start_hosted_agent(
     other writer takes the session while the agent lives. `store` must be
     running.
 
-    `awake_slots`, shared by many agents, is entered (`async with`) by the
-    loop task from before its session wakes until it went idle again
-    (hibernated). A `trio.CapacityLimiter` there bounds how many of them
-    are awake at once: woken input beyond the limit waits, first come
-    first served, so a burst of wakes loads at most that many logs (the
-    runtime's `supervision.awake.AwakeAgents` also gives memory back
-    after a burst). A turn that waits for another agent sharing the
-    limiter (a tool awaiting its turn) may then wait for ever once every
-    slot is held by such turns: size it above that depth.
+    `awake_slots` (`AwakeSlots`), shared by many agents, bounds how many
+    of them are awake at once: waking input asks it to admit the agent,
+    whose loop task starts only once it holds a slot (from before its
+    session wakes until it went idle again, hibernated). Input beyond the
+    bound waits, first come first served, with no task: a burst of wakes
+    starts at most that many loop tasks and loads at most that many logs
+    (the runtime's `supervision.awake.AwakeAgents` also gives memory back
+    after a burst). A turn that waits for another agent sharing the slots
+    (a tool awaiting its turn) may then wait for ever once every slot is
+    held by such turns: size them above that depth.
 
     Cancellation: cancellable while the session loads; the lease is
     given back then.

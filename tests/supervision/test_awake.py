@@ -37,9 +37,24 @@ class Trims:
         return 1
 
 
+async def _admitted(awake: AwakeAgents) -> None:
+    """Wait until `awake` admits a caller (which then holds a slot until `release`)."""
+    admitted = trio.Event()
+
+    def start() -> bool:
+        admitted.set()
+        return True
+
+    awake.admit(start)
+    await admitted.wait()
+
+
 async def _awake_for(awake: AwakeAgents, seconds: float) -> None:
-    async with awake:
+    await _admitted(awake)
+    try:
         await trio.sleep(seconds)
+    finally:
+        awake.release()
 
 
 async def test_one_trim_after_a_burst_once_all_slept_and_it_stayed_quiet(
@@ -108,10 +123,11 @@ async def test_the_limit_bounds_how_many_are_awake(
     seen: list[int] = []
 
     async def agent(index: int) -> None:
-        async with awake:
-            order.append(index)
-            seen.append(awake.statistics().awake)
-            await trio.sleep(1)
+        await _admitted(awake)
+        order.append(index)
+        seen.append(awake.statistics().awake)
+        await trio.sleep(1)
+        awake.release()
 
     async with trio.open_nursery() as nursery:
         for index in range(5):
@@ -120,22 +136,66 @@ async def test_the_limit_bounds_how_many_are_awake(
     assert order[:2] == [0, 1] and sorted(order) == [0, 1, 2, 3, 4] and max(seen) == 2
     assert trio.current_time() == pytest.approx(3.0)
     stats = awake.statistics()
-    assert (stats.awake, stats.limit, stats.trims, stats.trim_supported) == (0, 2, 0, False)
+    assert (stats.awake, stats.waiting, stats.limit, stats.trims, stats.trim_supported) == (
+        0,
+        0,
+        2,
+        0,
+        False,
+    )
 
 
-async def test_a_free_slot_is_taken_without_yielding_to_other_tasks() -> None:
+async def test_a_free_slot_admits_at_once_and_others_wait_in_order_as_callbacks() -> None:
     awake = AwakeAgents(limit=1, trim=None)
-    ran: list[str] = []
+    started: list[str] = []
 
-    async def other() -> None:
-        ran.append("other")
+    def start(name: str) -> Callable[[], bool]:
+        def callback() -> bool:
+            started.append(name)
+            return True
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(other)
-        async with awake:
-            assert ran == []  # no scheduling point: the loop task entering has just started
-            assert awake.statistics().awake == 1
-    assert ran == ["other"] and awake.statistics().awake == 0
+        return callback
+
+    awake.admit(start("a"))
+    assert started == ["a"]  # synchronously: no task, no scheduling point
+    b, c = start("b"), start("c")
+    awake.admit(b)
+    awake.admit(c)
+    stats = awake.statistics()
+    assert (stats.awake, stats.waiting, started) == (1, 2, ["a"])
+    awake.release()
+    assert started == ["a", "b"] and awake.statistics().waiting == 1
+    awake.release()
+    awake.release()
+    assert started == ["a", "b", "c"]
+    assert (awake.statistics().awake, awake.statistics().waiting) == (0, 0)
+
+
+async def test_a_declined_slot_goes_to_the_next_waiting() -> None:
+    awake = AwakeAgents(limit=1, trim=None)
+    started: list[str] = []
+
+    def first() -> bool:
+        started.append("first")
+        return True
+
+    def declines() -> bool:
+        started.append("declines")
+        return False
+
+    def last() -> bool:
+        started.append("last")
+        return True
+
+    awake.admit(first)
+    awake.admit(declines)
+    awake.admit(last)
+    awake.release()  # "declines" takes the slot and gives it back: "last" gets it
+    assert started == ["first", "declines", "last"]
+    assert (awake.statistics().awake, awake.statistics().waiting) == (1, 0)
+    awake.release()
+    awake.admit(declines)  # a free slot declined at once is free again
+    assert (awake.statistics().awake, awake.statistics().waiting) == (0, 0)
 
 
 async def test_without_a_trim_serve_only_waits() -> None:

@@ -364,6 +364,84 @@ async def test_max_awake_bounds_how_many_sessions_are_loaded_at_once(
     assert len(awake_seen) == 2 * sessions and max(awake_seen[sessions:]) == bound
 
 
+def _loop_tasks() -> int:
+    """How many agent loop tasks (running `Agent._run_loop`) exist in this Trio run."""
+    count = 0
+    tasks = [trio.lowlevel.current_root_task()]
+    while tasks:
+        task = tasks.pop()
+        assert task is not None
+        awaited: object = task.coro
+        while awaited is not None:  # the loop task may run inside its host's wrapper
+            if getattr(awaited, "cr_code", None) is Agent._run_loop.__code__:
+                count += 1
+                break
+            awaited = getattr(awaited, "cr_await", None)
+        tasks += [child for nursery in task.child_nurseries for child in nursery.child_tasks]
+    return count
+
+
+class SlowProvider(ScriptedProvider):
+    """A scripted model that takes a second per request."""
+
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+        await trio.sleep(1)
+        async with aclosing(super().stream(request)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+
+async def test_agents_waiting_for_an_awake_slot_hold_no_task(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sessions = 5
+    provider = SlowProvider([Reply.text(f"r{n}") for n in range(sessions)])
+    async with open_runtime(
+        system_prompt=SystemPrompt(), providers={"default": provider}, max_awake=1
+    ) as rt:
+        agents = [(await rt.start_agent(options=HIBERNATE)).value for _ in range(sessions)]
+        for agent in agents:
+            agent.followup("hello")
+        await trio.sleep(0.5)
+        assert _loop_tasks() == 1
+        awake = rt.statistics().awake
+        assert (awake.awake, awake.waiting) == (1, sessions - 1)
+        assert all(agent.status == "running" for agent in agents)  # woken, waiting for a slot
+        for agent in agents:
+            await agent.when_idle()
+        assert trio.current_time() == pytest.approx(sessions * 1.0, abs=0.5)  # one at a time
+        assert _loop_tasks() == 0 and rt.statistics().awake.waiting == 0
+        for agent in agents:
+            await agent.session.wake()
+            assert turn_end_kinds(agent.session) == ["completed"]
+
+
+async def test_an_agent_shut_down_while_it_waits_for_a_slot_never_starts_its_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    provider = SlowProvider([Reply.text("first"), Reply.text("never")])
+    async with open_runtime(
+        system_prompt=SystemPrompt(), providers={"default": provider}, max_awake=1
+    ) as rt:
+        busy = (await rt.start_agent(options=HIBERNATE)).value
+        waiting = await rt.start_agent(options=HIBERNATE)
+        busy.followup("first")
+        ticket = waiting.value.submit("never")
+        await trio.sleep(0.5)
+        assert rt.statistics().awake.waiting == 1
+        closed = waiting.value
+        await rt.supervisor.terminate_child(waiting.id)
+        assert closed.status == "idle"
+        with pytest.raises(AgentClosedError):
+            await ticket.outcome()
+        await busy.when_idle()
+        await trio.sleep(5)
+        assert _loop_tasks() == 0
+        assert len(provider.requests) == 1  # the closed agent's input never reached the model
+        awake = rt.statistics().awake
+        assert (awake.awake, awake.waiting) == (0, 0)  # its place declined when its turn came
+
+
 async def test_max_awake_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_awake must be at least 1, got 0"):
         async with open_runtime(system_prompt=SystemPrompt(), max_awake=0):
