@@ -366,9 +366,10 @@ async def open_runtime(
     is what `start_agent` uses when given no options (a configured profile).
 
     `max_awake` (None: no bound) bounds how many agents without subagent
-    providers are awake at once: an agent's loop task holds a slot from
-    before its session wakes until it is idle again, and woken input
-    beyond the bound waits for a slot, first come first served. With
+    providers are awake at once: an agent holds a slot from before its
+    session wakes until it is idle again, and woken input beyond the bound
+    waits for a slot, first come first served, as a queue entry (its loop
+    task starts once it holds a slot). With
     `AgentOptions(hibernate=True)` a burst of input to many idle sessions
     then loads at most `max_awake` logs at a time, so its memory stays
     bounded. A tool that awaits another such agent's turn may wait for ever
