@@ -52,7 +52,11 @@ class TaskSpawner(Protocol):
     """Where an agent starts its loop task: its own nursery, or a host's (`start_hosted_agent`)."""
 
     def start_soon(self, async_fn: Callable[[], Awaitable[object]], /) -> None:
-        """Start `async_fn()` as a task; it must not outlive the agent's owner."""
+        """Start `async_fn()` as a task; it must not outlive the agent's owner.
+
+        Raises an exception once it can no longer start tasks (its owner is
+        stopping the agent).
+        """
         ...
 
 
@@ -284,8 +288,8 @@ class Agent:
         self._waiting_for_slot = False
         try:
             self._nursery.start_soon(self._run_loop)
-        except RuntimeError:  # the host's nursery is closed: its agents are being shut down
-            self._not_admitted()
+        except Exception:  # the host refuses tasks: it is stopping this agent, which settles
+            self._not_admitted()  # its tickets; the slot goes to the next agent waiting
             return False
         return True
 

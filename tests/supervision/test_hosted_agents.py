@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from pathlib import Path
 
@@ -23,12 +23,14 @@ import pytest
 import trio
 import trio.testing
 
-from actors.agent import Agent, AgentClosedError, AgentOptions
+from actors.agent import Agent, AgentClosedError, AgentOptions, start_hosted_agent
+from actors.messages import TextBlock
 from actors.prompt import SystemPrompt
 from actors.providers import Chunk, GenerateRequest, Reply, ScriptedProvider
 from actors.session import MemoryStore, SessionError, SQLiteStore, rebuild_request
 from actors.session.events import Event
-from supervision import ChildHost, HostedChildSpec, Supervisor, open_runtime
+from supervision import AwakeAgents, ChildHost, HostedChildSpec, Supervisor, open_runtime
+from supervision.supervisor import NotRunningError
 from tests.agent.helpers import dump, turn_end_kinds
 
 HIBERNATE = AgentOptions(model="m", hibernate=True)
@@ -440,6 +442,53 @@ async def test_an_agent_shut_down_while_it_waits_for_a_slot_never_starts_its_tur
         assert len(provider.requests) == 1  # the closed agent's input never reached the model
         awake = rt.statistics().awake
         assert (awake.awake, awake.waiting) == (0, 0)  # its place declined when its turn came
+
+
+class RefusingHost:
+    """A host that starts tasks in a nursery until `refuse` is set, then refuses them (as a
+    supervisor's `ChildHost` refuses a stopping child's)."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.refuse = False
+
+    def start_soon(self, async_fn: Callable[[], Awaitable[object]], /) -> None:
+        if self.refuse:
+            raise NotRunningError("this host is stopping its agents")
+        self.nursery.start_soon(async_fn)
+
+
+async def test_a_slot_admitting_an_agent_its_host_refuses_goes_to_the_next_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore()
+    slots = AwakeAgents(limit=1, trim=None)
+    provider = SlowProvider([Reply.text("first"), Reply.text("third")])
+    async with trio.open_nursery() as nursery:
+        hosts = [RefusingHost(nursery) for _ in range(3)]
+        first, refused, third = [
+            await start_hosted_agent(
+                system_prompt=SystemPrompt(),
+                provider=provider,
+                options=HIBERNATE,
+                store=store,
+                host=host,
+                awake_slots=slots,
+            )
+            for host in hosts
+        ]
+        first.followup("first")
+        refused.followup("refused")
+        third.followup("third")
+        assert slots.statistics().waiting == 2
+        hosts[1].refuse = True
+        await third.when_idle()  # the refused agent's slot went on to the third
+        assert first.status == refused.status == "idle"
+        sent = [request.messages[-1].content[0] for request in provider.requests]
+        assert [block.text for block in sent if isinstance(block, TextBlock)] == ["first", "third"]
+        assert (slots.statistics().awake, slots.statistics().waiting) == (0, 0)
+        for agent in (first, refused, third):
+            await agent.shutdown()
 
 
 async def test_max_awake_must_be_positive() -> None:
