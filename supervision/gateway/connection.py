@@ -232,6 +232,9 @@ class Connection:
     """Log-lane puts under way (`put_log`)."""
     _handlers_done: trio.Event = attrs.field(factory=trio.Event)
     _close_requested: bool = False
+    _drain_on_close: bool = False
+    """Write the log lane too before the close frame (not only replies): the end of input
+    after every request was answered, some of them behind their updates."""
     _on_close: list[Callable[[], None]] = attrs.field(factory=list)
     _flush_due: bool = False
 
@@ -394,6 +397,7 @@ class Connection:
                     # deferred replies (a prompt's, at its turn's end) included.
                     while self._running_handlers or self._inflight or self._queuing:
                         await self._handlers_done.wait()
+                    self._drain_on_close = True  # those replies may still wait in the log lane
                 self.close(exc.code or CLOSE_NORMAL, "peer closed")
                 return
             if isinstance(message, bytes):
@@ -695,8 +699,14 @@ class Connection:
                 cursor.on_done()
         with trio.move_on_after(0 if self._stalled else CLOSE_GRACE_SECONDS) as grace:
             try:
-                # Replies already queued go out before the close frame.
-                unsent = [*self._unsent, *self.outbox.take_control_nowait()]
+                # Replies already queued go out before the close frame (and, after the end of
+                # input, the log lane: the deferred replies the reader waited for are there).
+                queued = (
+                    self.outbox.take()
+                    if self._drain_on_close
+                    else self.outbox.take_control_nowait()
+                )
+                unsent = [*self._unsent, *queued]
                 if unsent:
                     await self.transport.send_batch(unsent)
                 self._unsent = []

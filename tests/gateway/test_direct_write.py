@@ -238,12 +238,23 @@ async def test_round_end_callbacks_run_once_after_every_session_of_the_round(
         nursery.cancel_scope.cancel()
 
 
+@attrs.define(eq=False)
+class _Hold:
+    """Slows a slow reader (`_slow_window_client`) down once `active`, until `released`."""
+
+    released: trio.Event
+    active: bool = False
+
+
 @asynccontextmanager
 async def _slow_window_client(
-    gateway: Gateway, nursery: trio.Nursery
+    gateway: Gateway, nursery: trio.Nursery, *, hold: _Hold | None = None
 ) -> AsyncIterator[tuple[trio_websocket.WebSocketConnection, RpcClient]]:
     """An initialized client that reads slowly, with a 4 KiB window on both sides of its
-    socket (no autotuning), so the gateway's direct writes fill it and leave tails."""
+    socket (no autotuning), so the gateway's direct writes fill it and leave tails.
+
+    With `hold`, once the hold is active it pauses 50 ms after each message until the hold
+    is released (so the socket fills however fast this machine is)."""
     stream = await small_window_stream(gateway)
     try:
         ws = await wrap_websocket(nursery, stream, gateway.host, message_queue_size=1)
@@ -253,6 +264,9 @@ async def _slow_window_client(
             with contextlib.suppress(trio_websocket.ConnectionClosed):
                 while True:
                     client.file(json.loads(await ws.get_message()))
+                    if hold is not None and hold.active:
+                        with trio.move_on_after(0.05):  # a pause per message until released
+                            await hold.released.wait()
                     await trio.sleep(0.0005)
             client.file({"jsonrpc": "2.0", "method": "closed"})  # wakes waiters
 
@@ -304,6 +318,7 @@ async def test_a_slow_pinging_reader_gets_every_event_once_in_order_through_sock
     # leave tails, and the pongs trio-websocket writes (between the gateway's writes) take
     # them; every frame must still arrive whole, every event once, in order.
     config = SimulatorConfig(reply_tokens=120)
+    hold = _Hold(released=partial_writes.happened)
     async with running_gateway(config=config, write_deadline=30.0) as gateway:
         with trio.fail_after(180):
             agents = [
@@ -311,7 +326,7 @@ async def test_a_slow_pinging_reader_gets_every_event_once_in_order_through_sock
             ]
             async with (
                 trio.open_nursery() as nursery,
-                _slow_window_client(gateway, nursery) as (ws, client),
+                _slow_window_client(gateway, nursery, hold=hold) as (ws, client),
             ):
 
                 async def ping() -> None:
@@ -323,9 +338,10 @@ async def test_a_slow_pinging_reader_gets_every_event_once_in_order_through_sock
                 for agent in agents:
                     params = {"sessionId": agent.session.id, "fromSeq": 0, **mode}
                     await client.call("_harness/log/subscribe", params)
+                hold.active = True  # a much slower reader until a direct write has left a tail
                 nursery.start_soon(ping)
                 # At least three turns each, and more until a direct write has left a tail
-                # (how soon the socket fills depends on the machine's timing).
+                # (the client reads much slower until one has).
                 for turn in range(MAX_TURNS):
                     if turn >= 3 and partial_writes.sizes:
                         break

@@ -77,3 +77,63 @@ async def test_a_prompt_still_running_at_the_end_of_input_is_answered_at_its_tur
     updates = [line for line in out if isinstance(line, dict) and line.get("method")]
     assert updates and all(u["method"] == "session/update" for u in updates)
     assert out.index(reply) > out.index(updates[-1])  # every update before the reply
+
+
+class GatedStream(trio.abc.SendStream):
+    """A send stream whose writes wait until `gate` is set (a reader that has not read yet)."""
+
+    def __init__(self, inner: trio.abc.SendStream) -> None:
+        self.inner = inner
+        self.gate = trio.Event()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.gate.wait()
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.gate.wait()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_replies_and_updates_queued_when_the_input_ends_are_written_before_the_close() -> (
+    None
+):
+    """The writer is still busy with the first reply when the prompt's turn ends and the
+    connection closes: what the log lane holds (updates, the prompt's reply) still goes out."""
+    async with running_gateway() as gateway:
+        agent = await gateway.directory.create(profile="default", owner=None)
+        prompt = {"sessionId": agent.session.id, "prompt": [{"type": "text", "text": "hi"}]}
+        to_server, stdin = trio.testing.memory_stream_one_way_pair()
+        raw_stdout, from_server = trio.testing.memory_stream_one_way_pair()
+        stdout = GatedStream(raw_stdout)
+        transport = StdioTransport(stdin=stdin, stdout=stdout)
+        written = bytearray()
+
+        async def read_all() -> None:
+            while data := await from_server.receive_some():
+                written.extend(data)
+
+        async def open_the_gate_once_the_turn_ended() -> None:
+            await trio.sleep(0.05)  # the prompt has been queued
+            await agent.when_idle()
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            stdout.gate.set()
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_all)
+                nursery.start_soon(open_the_gate_once_the_turn_ended)
+                lines = [
+                    _request(1, "initialize", {"protocolVersion": 1}),
+                    _request(2, "session/prompt", prompt),
+                ]
+                await to_server.send_all(b"".join(json.dumps(ln).encode() + b"\n" for ln in lines))
+                await to_server.aclose()
+                await gateway.run_connection(transport, Principal(token=ALL), answer_after_eof=True)
+                await raw_stdout.aclose()
+    out = [json.loads(line) for line in written.splitlines()]
+    assert [line.get("id") for line in out if "id" in line] == [1, 2]
+    assert out[-1]["result"]["stopReason"] == "end_turn"
+    assert any(line.get("method") == "session/update" for line in out)
