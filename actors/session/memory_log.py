@@ -79,15 +79,32 @@ class MemoryLog:
         start = end - _TRAILER.size - (trailer >> _FLAG_BITS)
         return bytes(self._buffer[start : end - _TRAILER.size]), trailer & _FLAG_MASK
 
-    def items(self) -> list[tuple[bytearray, int]]:
-        """Every event's text (a copy) and flags, in seq order."""
-        buffer = self._buffer
-        out: list[tuple[bytearray, int]] = []
-        end = len(buffer)
-        while end:
-            trailer = _TRAILER.unpack_from(buffer, end - 4)[0]
-            start = end - _TRAILER.size - (trailer >> _FLAG_BITS)
-            out.append((buffer[start : end - _TRAILER.size], trailer & _FLAG_MASK))
-            end = start
+    def since(self, first: int, last: int | None = None) -> list[tuple[bytes, int]]:
+        """The texts (copies) and flags of events `first` to `last` (None: the log's last), in
+        seq order (fewer when `last` is past the end).
+
+        One walk back from the end: O(number of events from `first` on) plus
+        the size of those read, so reading a batch of the latest events costs
+        what reading one does, per event.
+
+        Raises:
+            IndexError: `first` is below 0 or past the log's end.
+        """
+        if not 0 <= first <= self._count:
+            raise IndexError(f"seq {first} is not in this log of {self._count} events")
+        last = self._count - 1 if last is None else min(last, self._count - 1)
+        out: list[tuple[bytes, int]] = []
+        end = len(self._buffer)
+        with memoryview(self._buffer) as view:
+            for seq in range(self._count - 1, first - 1, -1):
+                trailer = _TRAILER.unpack_from(view, end - _TRAILER.size)[0]
+                start = end - _TRAILER.size - (trailer >> _FLAG_BITS)
+                if seq <= last:
+                    out.append((bytes(view[start : end - _TRAILER.size]), trailer & _FLAG_MASK))
+                end = start
         out.reverse()
         return out
+
+    def items(self) -> list[tuple[bytes, int]]:
+        """Every event's text (a copy) and flags, in seq order."""
+        return self.since(0)

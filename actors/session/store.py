@@ -288,7 +288,7 @@ class MemoryStore:
         """The compact, ASCII JSON of event `seq` of `session_id` as kept since its append,
         byte for byte what `json` writes (`ensure_ascii`, no spaces) for that event of
         `session.to_json()`; None when the kept form is not exactly that (a request header,
-        kept decoded; orjson's text of an event with characters `json` escapes) or the
+        kept by number; orjson's text of an event with characters `json` escapes) or the
         event was not appended.
 
         orjson and `json` write the same bytes for what events hold outside headers
@@ -298,12 +298,18 @@ class MemoryStore:
         log = self._logs.get(session_id)
         if log is None or not 0 <= seq < len(log):
             return None
-        text, flags = log.item(seq)
-        if flags & HEADER:
-            return None
-        if flags & JSON_TEXT or (text.isascii() and b"\x7f" not in text):
-            return text
-        return None
+        return _exact_json(*log.item(seq))
+
+    def durable_json_range(self, session_id: str, first: int, last: int) -> list[bytes | None]:
+        """`durable_json` of events `first` to `last` of `session_id`, read in one walk of the
+        log (for a batch of recent events, what one event costs each); None for every seq
+        that was not appended."""
+        log = self._logs.get(session_id)
+        count = 0 if log is None else len(log)
+        if log is None or not 0 <= first < count or last < first:
+            return [None] * max(0, last - first + 1)
+        kept = [_exact_json(text, flags) for text, flags in log.since(first, last)]
+        return kept + [None] * (last - first + 1 - len(kept))
 
     def _log(self, session_id: str) -> MemoryLog:
         try:
@@ -384,3 +390,12 @@ _ORJSON_OPTIONS = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
 )
 """Values `json` refuses are refused by orjson too (no `default`), so `json` decides them."""
+
+
+def _exact_json(text: bytes, flags: int) -> bytes | None:
+    """A kept event's text when it is exactly what `json` writes for it (`durable_json`)."""
+    if flags & HEADER:
+        return None
+    if flags & JSON_TEXT or (text.isascii() and b"\x7f" not in text):
+        return text
+    return None

@@ -86,9 +86,10 @@ head when the live log has them; None when they must be read from the store (`Re
 ReadDurable = Callable[[str, int, int], Awaitable[tuple[Sequence[Event], int]]]
 """`read(session_id, from_seq, limit)`: waits until `from_seq` is durable; events and head."""
 
-StoredJson = Callable[[str, int], bytes | None]
-"""`stored_json(session_id, seq)`: the JSON the store keeps for that durable event when it
-is exactly `encode_event`'s bytes, or None (then the event is encoded)."""
+StoredJson = Callable[[str, int, int], Sequence[bytes | None]]
+"""`stored_json(session_id, first, last)`: for each durable event `first` to `last`, the JSON
+the store keeps for it when it is exactly `encode_event`'s bytes, or None (then the event is
+encoded)."""
 
 
 class Subscriber(Protocol):
@@ -124,8 +125,8 @@ class Fanout:
     read_now: ReadNow
     read: ReadDurable
     stored_json: StoredJson | None = None
-    """The store's own JSON of a durable event (`MemoryStore.durable_json`), used instead of
-    encoding it again; None: every event is encoded."""
+    """The store's own JSON of durable events (`MemoryStore.durable_json_range`), used instead
+    of encoding them again; None: every event is encoded."""
     linger: float = FEED_LINGER_SECONDS
     linger_max: float = FEED_LINGER_MAX_SECONDS
     linger_quiet: float = FEED_LINGER_QUIET_SECONDS
@@ -323,10 +324,14 @@ class Fanout:
         if stored_json is None:
             batch = EventBatch(events, head)
         else:
-            session_id = feed.session_id
+            session_id, first, last = feed.session_id, events[0].seq, events[-1].seq
+            kept: Sequence[bytes | None] | None = None
 
             def encode(event: Event) -> bytes:
-                text = stored_json(session_id, event.seq)
+                nonlocal kept
+                if kept is None:  # the whole batch's at once, on first use
+                    kept = stored_json(session_id, first, last)
+                text = kept[event.seq - first]
                 return encode_event(event) if text is None else text
 
             batch = EventBatch(events, head, encode)

@@ -113,7 +113,7 @@ class Gateway:
             read_now=self.read_durable_now,
             read=self.read_durable,
             # A memory store keeps each event's JSON text: the fan-out sends it as it is.
-            stored_json=store.durable_json if isinstance(store, MemoryStore) else None,
+            stored_json=store.durable_json_range if isinstance(store, MemoryStore) else None,
         )
         self.status_watch = StatusWatch(directory=self.directory, fanout=self.fanout)
 

@@ -327,6 +327,13 @@ async def test_the_fanout_sends_a_memory_stores_own_text_of_each_event(
         )
         assert store.durable_json(sid, len(events)) is None
         assert store.durable_json("no-such-session", 0) is None
+        # A range is read in one walk: the same texts, None past the log's end.
+        for first in range(len(events)):
+            assert store.durable_json_range(sid, first, len(events)) == [
+                *texts[first:],
+                None,
+            ]
+        assert store.durable_json_range("no-such-session", 0, 1) == [None, None]
         assert gateway.fanout.stored_json is not None
         encoded: list[int] = []
 

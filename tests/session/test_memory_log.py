@@ -25,8 +25,14 @@ def test_items_appended_in_any_chunks_read_back_in_order_with_their_flags(
         rest = rest[size:]
     log.extend(rest)
     assert len(log) == len(items)
-    assert [(bytes(text), flags) for text, flags in log.items()] == items
+    assert log.items() == items
     assert [log.item(seq) for seq in range(len(items))] == items
+    assert all(log.since(first) == items[first:] for first in range(len(items) + 1))
+    assert all(
+        log.since(first, last) == items[first : last + 1]
+        for first in range(len(items) + 1)
+        for last in range(first - 1, len(items) + 2)
+    )
 
 
 @pytest.mark.parametrize("seq", [-1, 2])
@@ -35,6 +41,17 @@ def test_a_seq_outside_the_log_is_an_index_error_naming_it(seq: int) -> None:
     log.extend([(b"{}", 0), (b"[]", JSON_TEXT)])
     with pytest.raises(IndexError, match=f"seq {seq} is not in this log of 2 events"):
         log.item(seq)
+    if seq < 0:
+        with pytest.raises(IndexError, match=f"seq {seq} is not in this log of 2 events"):
+            log.since(seq)
+
+
+def test_since_the_end_is_nothing_and_past_it_an_index_error() -> None:
+    log = MemoryLog()
+    log.extend([(b"{}", 0)])
+    assert log.since(1) == []
+    with pytest.raises(IndexError, match="seq 2 is not in this log of 1 events"):
+        log.since(2)
 
 
 def test_an_event_text_too_long_to_keep_is_refused_and_nothing_of_its_append_kept(
