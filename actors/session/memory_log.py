@@ -1,15 +1,18 @@
-"""One session's log in a `MemoryStore`: its events' JSON texts in one buffer.
+"""One session's log in a `MemoryStore`: its events' JSON texts, in one buffer once flushed.
 
-A session's events are kept as their compact JSON texts, one after the
-other in one `bytearray`, each followed by a 4-byte trailer (its length
-and two flags). So an idle session's log is one object, whose buffer is in
-the C allocator once it passes 512 bytes, rather than a small object per
-event (or an offsets array) allocated during the turn that wrote it: a
-burst of turns would leave those scattered over its arenas, keeping them
-from being given back long after the burst ended.
+A session's events are kept as their compact JSON texts. Those appended
+since the session's last flush are kept as they came (one `bytes` object
+each: cheap to append and to read back while a turn runs and its
+supervisors follow it); a flush (`settle`, at the end of each turn and
+before a session hibernates) moves them into one `bytearray`, each text
+followed by a 4-byte trailer (its length and two flags). So an idle
+session's log is one object whose buffer is in the C allocator once it
+passes 512 bytes, rather than a small object per event allocated during
+the turn that wrote it: a burst of turns would leave those scattered over
+its arenas, keeping them from being given back long after the burst.
 
-Reading runs backwards from the end along the trailers, so the last events
-(what a log's readers ask for as it grows) are found at once.
+Reading the buffer runs backwards from its end along the trailers, so the
+latest events are found at once.
 """
 
 from __future__ import annotations
@@ -33,19 +36,20 @@ MAX_EVENT_BYTES = (1 << (32 - _FLAG_BITS)) - 1
 class MemoryLog:
     """The JSON texts of one session's events, in seq order, each with its flags.
 
-    Appending is amortized O(size of what is appended); reading event `seq`
-    is O(number of events after it) plus its size. Not thread-safe (a
-    `MemoryStore` is used from one Trio thread).
+    Appending is amortized O(size of what is appended); reading events from
+    `first` on is O(number of events from `first` on) plus their size. Not
+    thread-safe (a `MemoryStore` is used from one Trio thread).
     """
 
-    __slots__ = ("_buffer", "_count")
+    __slots__ = ("_buffer", "_count", "_unsettled")
 
     def __init__(self) -> None:
         self._buffer = bytearray()
-        self._count = 0
+        self._count = 0  # events in `_buffer`
+        self._unsettled: list[tuple[bytes, int]] | None = None  # appended since `settle`
 
     def __len__(self) -> int:
-        return self._count
+        return self._count + len(self._unsettled or ())
 
     def extend(self, items: Sequence[tuple[bytes, int]]) -> None:
         """Append each `(text, flags)` of `items` as the next event; all of them or none.
@@ -59,52 +63,63 @@ class MemoryLog:
                     f"an event of {len(text):,} bytes of JSON is longer than a memory store "
                     f"keeps ({MAX_EVENT_BYTES:,})"
                 )
-        for text, flags in items:
+        if self._unsettled is None:
+            self._unsettled = list(items)
+        else:
+            self._unsettled.extend(items)
+
+    def settle(self) -> None:
+        """Move the events appended since the last call into the buffer."""
+        unsettled, self._unsettled = self._unsettled, None
+        if not unsettled:
+            return
+        for text, flags in unsettled:
             self._buffer += text
             self._buffer += _TRAILER.pack(len(text) << _FLAG_BITS | flags)
-        self._count += len(items)
+        self._count += len(unsettled)
 
     def item(self, seq: int) -> tuple[bytes, int]:
-        """Event `seq`'s text (a copy) and flags.
+        """Event `seq`'s text and flags.
 
         Raises:
             IndexError: no event `seq` is kept.
         """
-        if not 0 <= seq < self._count:
-            raise IndexError(f"seq {seq} is not in this log of {self._count} events")
-        end = len(self._buffer)
-        for _ in range(self._count - seq - 1):
-            end -= _TRAILER.size + (_TRAILER.unpack_from(self._buffer, end - 4)[0] >> _FLAG_BITS)
-        trailer = _TRAILER.unpack_from(self._buffer, end - 4)[0]
-        start = end - _TRAILER.size - (trailer >> _FLAG_BITS)
-        return bytes(self._buffer[start : end - _TRAILER.size]), trailer & _FLAG_MASK
+        if not 0 <= seq < len(self):
+            raise IndexError(f"seq {seq} is not in this log of {len(self)} events")
+        return self.since(seq, seq)[0]
 
     def since(self, first: int, last: int | None = None) -> list[tuple[bytes, int]]:
-        """The texts (copies) and flags of events `first` to `last` (None: the log's last), in
-        seq order (fewer when `last` is past the end).
+        """The texts and flags of events `first` to `last` (None: the log's last), in seq
+        order (fewer when `last` is past the end).
 
-        One walk back from the end: O(number of events from `first` on) plus
-        the size of those read, so reading a batch of the latest events costs
-        what reading one does, per event.
+        Unsettled events are read as kept; settled ones are copied out of the
+        buffer in one walk back from its end, so reading a batch of the
+        latest events costs what reading one does, per event.
 
         Raises:
             IndexError: `first` is below 0 or past the log's end.
         """
-        if not 0 <= first <= self._count:
-            raise IndexError(f"seq {first} is not in this log of {self._count} events")
-        last = self._count - 1 if last is None else min(last, self._count - 1)
+        length = len(self)
+        if not 0 <= first <= length:
+            raise IndexError(f"seq {first} is not in this log of {length} events")
+        last = length - 1 if last is None else min(last, length - 1)
+        settled = self._count
         out: list[tuple[bytes, int]] = []
-        end = len(self._buffer)
-        with memoryview(self._buffer) as view:
-            for seq in range(self._count - 1, first - 1, -1):
-                trailer = _TRAILER.unpack_from(view, end - _TRAILER.size)[0]
-                start = end - _TRAILER.size - (trailer >> _FLAG_BITS)
-                if seq <= last:
-                    out.append((bytes(view[start : end - _TRAILER.size]), trailer & _FLAG_MASK))
-                end = start
-        out.reverse()
+        if first < settled:
+            end = len(self._buffer)
+            with memoryview(self._buffer) as view:
+                for seq in range(settled - 1, first - 1, -1):
+                    trailer = _TRAILER.unpack_from(view, end - _TRAILER.size)[0]
+                    start = end - _TRAILER.size - (trailer >> _FLAG_BITS)
+                    if seq <= last:
+                        text = bytes(view[start : end - _TRAILER.size])
+                        out.append((text, trailer & _FLAG_MASK))
+                    end = start
+            out.reverse()
+        if self._unsettled is not None and last >= settled:
+            out += self._unsettled[max(first, settled) - settled : last - settled + 1]
         return out
 
     def items(self) -> list[tuple[bytes, int]]:
-        """Every event's text (a copy) and flags, in seq order."""
+        """Every event's text and flags, in seq order."""
         return self.since(0)

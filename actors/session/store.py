@@ -261,11 +261,19 @@ class MemoryStore:
         self._marks.advance(session_id, len(log) - 1)
 
     async def flush(self, session_id: str | None = None) -> None:
-        """Return at once: nothing is pending in a memory store.
+        """Return at once: nothing is pending in a memory store. The events appended since
+        the session's (or every session's) last flush move into its log's one buffer
+        (`MemoryLog.settle`: an agent flushes at the end of each turn and before its
+        session hibernates, so an idle session keeps no object per event).
 
         Not a checkpoint: every append was durable (and a checkpoint) when
         it returned, so there is nothing to wait for and nothing to yield to.
         """
+        if session_id is None:
+            for log in self._logs.values():
+                log.settle()
+        elif (one := self._logs.get(session_id)) is not None:
+            one.settle()
 
     async def list_sessions(self) -> list[str]:
         """Session ids in creation order."""
@@ -347,7 +355,8 @@ class MemoryStore:
                     pass
                 else:
                     if b"null" not in text:
-                        return text, 0
+                        # A copy of its size: orjson's own bytes keep a 4 KB buffer each.
+                        return bytes(memoryview(text)), 0
             return _encode(obj).encode(), JSON_TEXT
         except (TypeError, ValueError) as exc:
             raise SessionError(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,9 +22,11 @@ def test_items_appended_in_any_chunks_read_back_in_order_with_their_flags(
 ) -> None:
     log = MemoryLog()
     rest = list(items)
-    for size in chunk_sizes:
+    for index, size in enumerate(chunk_sizes):
         log.extend(rest[:size])
         rest = rest[size:]
+        if index % 2:
+            log.settle()  # some settled into the buffer, some not
     log.extend(rest)
     assert len(log) == len(items)
     assert log.items() == items
@@ -64,3 +68,13 @@ def test_an_event_text_too_long_to_keep_is_refused_and_nothing_of_its_append_kep
         log.extend([(b"[]", 0), (b"[1,2,3,4]", 0)])
     assert log.items() == [(b"{}", 0)]
     assert len(log) == 1
+
+
+def test_settled_events_leave_no_object_of_their_own() -> None:
+    log = MemoryLog()
+    log.extend([(b'{"seq":0}', 0), (b'{"seq":1}', JSON_TEXT)])
+    assert any(isinstance(kept, list) for kept in gc.get_referents(log))  # the unsettled
+    log.settle()
+    log.settle()  # nothing more: no change
+    assert not any(isinstance(kept, (list, bytes)) for kept in gc.get_referents(log))
+    assert log.items() == [(b'{"seq":0}', 0), (b'{"seq":1}', JSON_TEXT)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import tracemalloc
 
 import attrs
@@ -71,12 +72,18 @@ async def test_an_event_is_kept_as_its_compact_json_in_utf8_in_the_sessions_one_
     assert (
         kept == json.dumps(event_to_json(event), separators=(",", ":"), ensure_ascii=False).encode()
     )
-    # About the text's own bytes per event: no object per event (nor orjson's 4 KB buffer).
+    # Once flushed (as at the end of a turn), about the text's own bytes per event: no object
+    # per event; and before, one of the text's size (not orjson's 4 KB buffer).
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for seq in range(1, 101):
+        await store.append("s", [attrs.evolve(event, seq=1)])
+        assert tracemalloc.get_traced_memory()[0] - before < sys.getsizeof(kept) + 128
+        await store.flush("s")
+        before = tracemalloc.get_traced_memory()[0]
+        for seq in range(2, 102):
             await store.append("s", [attrs.evolve(event, seq=seq)])
+            await store.flush("s")
         per_event = (tracemalloc.get_traced_memory()[0] - before) / 100
     finally:
         tracemalloc.stop()
