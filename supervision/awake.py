@@ -117,10 +117,7 @@ class AwakeAgents:
         if self._waiting or not self._slot_free():
             self._waiting.append(start)
             return
-        self._awake += 1
-        self._wakes += 1
-        if not start():
-            self._asleep()
+        self._start(start)
 
     def release(self) -> None:
         """Free the slot of an agent that went idle, and admit those waiting while slots are free.
@@ -129,11 +126,14 @@ class AwakeAgents:
         """
         self._asleep()
         while self._waiting and self._slot_free():
-            start = self._waiting.popleft()
-            self._awake += 1
-            self._wakes += 1
-            if not start():
-                self._asleep()
+            self._start(self._waiting.popleft())
+
+    def _start(self, start: Callable[[], bool]) -> None:
+        """Give `start` a slot and run it; a declined slot is freed at once."""
+        self._awake += 1
+        self._wakes += 1
+        if not start():
+            self._asleep()
 
     def _slot_free(self) -> bool:
         return self.limit is None or self._awake < self.limit

@@ -303,21 +303,18 @@ class MemoryStore:
         (strings, integers, booleans, null: no floats) except the characters `json`
         escapes and orjson does not: everything past `~`.
         """
-        log = self._logs.get(session_id)
-        if log is None or not 0 <= seq < len(log):
-            return None
-        return _exact_json(*log.item(seq))
+        return self.durable_json_range(session_id, seq, seq)[0]
 
     def durable_json_range(self, session_id: str, first: int, last: int) -> list[bytes | None]:
         """`durable_json` of events `first` to `last` of `session_id`, read in one walk of the
         log (for a batch of recent events, what one event costs each); None for every seq
         that was not appended."""
+        wanted = max(0, last - first + 1)
         log = self._logs.get(session_id)
-        count = 0 if log is None else len(log)
-        if log is None or not 0 <= first < count or last < first:
-            return [None] * max(0, last - first + 1)
+        if log is None or not 0 <= first < len(log):
+            return [None] * wanted
         kept = [_exact_json(text, flags) for text, flags in log.since(first, last)]
-        return kept + [None] * (last - first + 1 - len(kept))
+        return kept + [None] * (wanted - len(kept))
 
     def _log(self, session_id: str) -> MemoryLog:
         try:

@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 from actors.agent import (
+    Agent,
     AgentClosedError,
     AgentOptions,
     InboxFullError,
@@ -116,22 +117,29 @@ async def test_run_raises_for_a_blocked_turn() -> None:
     assert raised.value.reason.kind == "blocked"
 
 
+async def _run_cancelled(agent: Agent, text: str, *, match: str) -> TurnFailedError:
+    """`agent.run(text)`, with `agent.cancel()` once every task is blocked; the run must
+    raise `TurnFailedError` matching `match`, which is returned."""
+
+    async def cancel_soon() -> None:
+        await trio.testing.wait_all_tasks_blocked()
+        agent.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cancel_soon)
+        with pytest.raises(TurnFailedError, match=match) as raised:
+            await agent.run(text)
+    return raised.value
+
+
 async def test_run_raises_for_an_aborted_turn() -> None:
     async with open_agent(
         system_prompt=SystemPrompt(),
         provider=ScriptedProvider([Reply.hang("thinking")]),
         options=OPTIONS,
     ) as agent:
-
-        async def cancel_soon() -> None:
-            await trio.testing.wait_all_tasks_blocked()
-            agent.cancel()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(cancel_soon)
-            with pytest.raises(TurnFailedError, match=r"aborted \(by user\)") as raised:
-                await agent.run("hi")
-    assert raised.value.reason.kind == "aborted"
+        failed = await _run_cancelled(agent, "hi", match=r"aborted \(by user\)")
+    assert failed.reason.kind == "aborted"
 
 
 async def test_run_waits_for_its_own_turn_not_an_earlier_one() -> None:
@@ -151,16 +159,8 @@ async def test_run_input_dropped_by_cancel_raises() -> None:
         agent.on_pre_step(held_until(trio.Event()))
         agent.followup("first")
         await trio.testing.wait_all_tasks_blocked()
-
-        async def cancel_soon() -> None:
-            await trio.testing.wait_all_tasks_blocked()
-            agent.cancel()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(cancel_soon)
-            with pytest.raises(TurnFailedError, match=r"dropped before a turn took it") as raised:
-                await agent.run("second")
-    assert raised.value.turn is None
+        failed = await _run_cancelled(agent, "second", match=r"dropped before a turn took it")
+    assert failed.turn is None
 
 
 # -- submit() and its ticket ----------------------------------------------------------

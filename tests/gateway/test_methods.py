@@ -571,6 +571,11 @@ async def test_session_new_starts_the_named_profile_and_refuses_an_unknown_one()
         assert "'nope'" in error["message"] and "'default'" in error["message"]
 
 
+def _numbered(data: list[Any]) -> list[Event]:
+    """`data` as a log's events, numbered from seq 0."""
+    return [Event(type=type_of(d), seq=seq, time=0, data=d) for seq, d in enumerate(data)]
+
+
 def test_a_turn_adopted_before_the_cursor_read_it_streams_only_that_turns_updates() -> None:
     """The agent may report the prompt's turn (`Agent.run`) before the prompt's cursor has read
     the log that far: the turns before it (other prompts') stream nothing to this prompt."""
@@ -595,7 +600,7 @@ def test_a_turn_adopted_before_the_cursor_read_it_streams_only_that_turns_update
         AssistantChunk(turn=1, step=0, chunk=TextDelta(text="yours")),
         TurnEnd(turn=1, reason=TurnEndReason.completed()),
     ]
-    events = [Event(type=type_of(d), seq=seq, time=0, data=d) for seq, d in enumerate(data)]
+    events = _numbered(data)
     assert cursor.adopt(1, LINE_FRAMING) == [] and claimed == [1]
     frames = [json.loads(f) for f in cursor.take(events, len(events) - 1, LINE_FRAMING)]
     assert [f["params"]["update"]["content"]["text"] for f in frames[:-1]] == ["yours"]
@@ -631,7 +636,7 @@ def test_a_cursor_given_a_request_id_takes_the_turn_whose_message_carries_it() -
         AssistantChunk(turn=1, step=0, chunk=TextDelta(text="for b")),
         TurnEnd(turn=1, reason=TurnEndReason.completed()),
     ]
-    events = [Event(type=type_of(d), seq=seq, time=0, data=d) for seq, d in enumerate(data)]
+    events = _numbered(data)
     frames = [json.loads(f) for f in cursor.take(events, len(events) - 1, LINE_FRAMING)]
     assert claimed == [1]
     assert [f["params"]["update"]["content"]["text"] for f in frames[:-1]] == ["for b"]
