@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import io
 import json
 import socket
 import subprocess
@@ -14,10 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from rich.console import Console
+from rich.progress import Progress
 
 from actors.providers.simulator import SimRequest, SimulatorConfig, serve_simulator
 from actors.providers.simulator.tokens import render_message
 from supervision.bench.harness_run import LevelSettings, run_level
+from supervision.bench.level_process import StepProgress
 from supervision.bench.parallel import DEFAULT_POOLS, add_arguments
 from supervision.bench.report import format_table, write_plot
 from supervision.bench.simulator_process import (
@@ -266,3 +270,20 @@ def test_the_parallel_benchmark_spreads_its_connections_over_256_pools_by_defaul
     add_arguments(parser)
     assert parser.parse_args([]).pools == DEFAULT_POOLS == 256
     assert parser.parse_args(["--pools", "8"]).pools == 8
+
+
+def test_the_progress_bar_keeps_no_record_per_step_and_shows_the_rate() -> None:
+    clock = [0.0]
+    progress = Progress(
+        console=Console(file=io.StringIO()), get_time=lambda: clock[0], speed_estimate_period=1.0
+    )
+    steps = StepProgress(progress, total=5000, interval=0.1)
+    for _ in range(5000):  # 1,000 steps per second
+        clock[0] += 0.001
+        steps.on_step(1)
+    steps.show()
+    (task,) = progress.tasks
+    assert (steps.done, task.completed) == (5000, 5000)
+    # Rich keeps one rate sample per redraw, for one second: not one per step.
+    assert len(task._progress) <= 11
+    assert task.fields["rate"] == pytest.approx(1000, rel=0.02)
