@@ -23,11 +23,12 @@ from supervision.bench.harness_run import LevelSettings, run_level
 class StepProgress:
     """A bar of steps done and steps per second, redrawn at most every `interval` seconds.
 
-    Steps are counted in one integer; the bar (and rich's rate samples, kept
-    for one second) is updated only when it is redrawn. So a burst of steps
-    leaves nothing behind: a level reads RSS after its burst, and a record
-    per step allocated during it would stay in that figure, keeping the
-    allocator's arenas of the burst in use.
+    Steps are counted in one integer; the bar is updated only when it is
+    redrawn, and rich keeps its rate samples for one second. So a burst of
+    steps leaves at most a second of redraws behind (about ten samples), not
+    a record per step: a level reads RSS after its burst, and records
+    allocated during it would stay in that figure, keeping the allocator's
+    arenas of the burst in use.
     """
 
     def __init__(self, progress: Progress, *, total: int, interval: float = 0.1) -> None:
