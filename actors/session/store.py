@@ -139,8 +139,9 @@ class MemoryStore:
     Events are kept in their durable JSON form: a session's log is one
     buffer of its events' compact JSON texts (`MemoryLog`: UTF-8 written by
     orjson, or ASCII where only `json` writes it exactly, see
-    `_stored_form`), so an idle session's log costs about the bytes of its
-    own events in a few allocations, not a small object per event. A
+    `_stored_form`), compressed as each flush settles them, so an idle
+    session's log costs a fraction of its own events' bytes in one
+    allocation, not a small object per event. A
     request header (its config, system text and tool schemas) is not
     repeated in every log that sends it: a `request/header` event's
     `header` is written as the number of the store's one decoded copy of
@@ -262,9 +263,9 @@ class MemoryStore:
 
     async def flush(self, session_id: str | None = None) -> None:
         """Return at once: nothing is pending in a memory store. The events appended since
-        the session's (or every session's) last flush move into its log's one buffer
-        (`MemoryLog.settle`: an agent flushes at the end of each turn and before its
-        session hibernates, so an idle session keeps no object per event).
+        the session's (or every session's) last flush are compressed into its log's one
+        buffer (`MemoryLog.settle`: an agent flushes at each step, at the end of each turn
+        and before its session hibernates, so an idle session keeps no object per event).
 
         Not a checkpoint: every append was durable (and a checkpoint) when
         it returned, so there is nothing to wait for and nothing to yield to.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from unittest import mock
 
 import pytest
 from hypothesis import given
@@ -78,3 +79,49 @@ def test_settled_events_leave_no_object_of_their_own() -> None:
     log.settle()  # nothing more: no change
     assert not any(isinstance(kept, (list, bytes)) for kept in gc.get_referents(log))
     assert log.items() == [(b'{"seq":0}', 0), (b'{"seq":1}', JSON_TEXT)]
+
+
+@given(ITEMS, st.lists(st.integers(min_value=0, max_value=5), max_size=30))
+def test_settles_split_into_segments_read_back_in_order(
+    items: list[tuple[bytes, int]], chunk_sizes: list[int]
+) -> None:
+    with mock.patch.object(memory_log, "_SEGMENT_TEXT_BYTES", 50):  # several segments a settle
+        log = MemoryLog()
+        rest = list(items)
+        for size in chunk_sizes:
+            log.extend(rest[:size])
+            rest = rest[size:]
+            log.settle()
+        log.extend(rest)
+        log.settle()
+        assert log.items() == items
+        assert all(
+            log.since(first, last) == items[first : last + 1]
+            for first in range(len(items) + 1)
+            for last in range(first - 1, len(items) + 1)
+        )
+
+
+def test_a_turn_settled_step_by_step_takes_under_a_third_of_its_json() -> None:
+    turn = [
+        b'{"type":"step/start","seq":%d,"time":1796558536931,"data":{"turn":0,"step":1}}',
+        b'{"type":"user/message","seq":%d,"time":1796558536931,"data":{"content":[{"type":'
+        b'"text","text":"Please look up the weather in Lisbon."}],"source":{"kind":"user"}}}',
+        b'{"type":"assistant/chunk","seq":%d,"time":1796558537176,"data":{"turn":0,"step":0,'
+        b'"chunk":{"type":"usage","usage":{"input_tokens":5694,"output_tokens":8,'
+        b'"cache_read_tokens":5632}}}}',
+        b'{"type":"assistant/chunk","seq":%d,"time":1796558537176,"data":{"turn":0,"step":0,'
+        b'"chunk":{"type":"finish","reason":"completed"}}}',
+        b'{"type":"step/end","seq":%d,"time":1796558537395,"data":{"turn":0,"step":1}}',
+    ]
+    log = MemoryLog()
+    size = 0
+    for seq in range(40):
+        text = turn[seq % len(turn)].replace(b"%d", str(seq).encode())
+        size += len(text)
+        log.extend([(text, 0)])
+        if seq % len(turn) == len(turn) - 1:
+            log.settle()
+    assert len(log.items()) == 40
+    kept = next(kept for kept in gc.get_referents(log) if isinstance(kept, bytearray))
+    assert len(kept) < size / 3
