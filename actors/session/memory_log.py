@@ -4,17 +4,19 @@ A session's events are kept as their compact JSON texts. Those appended
 since the session's last flush are kept as they came (one `bytes` object
 each: cheap to append and to read back while a turn runs and its
 supervisors follow it); a flush (`settle`, at each step and turn's end and
-before a session hibernates) compresses them into one segment at the end
-of one `bytearray`. So an idle session's log is one object whose buffer is
+before a session hibernates) moves them into a segment at the end of one
+`bytearray`. So an idle session's log is one object whose buffer is
 in the C allocator once it passes 512 bytes, rather than a small object per
 event allocated during the turn that wrote it: a burst of turns would leave
 those scattered over its arenas, keeping them from being given back long
 after the burst. Compressed, a turn's events take about a fifth of their JSON.
 
-A segment is raw DEFLATE (zlib, a 4 KiB window, primed with a dictionary
-of the fragments events share) of its events' texts, each followed by a
-4-byte trailer (its length and two flags), and the segment is followed by
-its compressed size and event count. Reading runs backwards from the
+A segment is its events' texts, each followed by a 4-byte trailer (its
+length and two flags), stored as raw DEFLATE (zlib, a 4 KiB window, fixed
+Huffman codes, primed with a dictionary of the fragments events share) once
+it holds 2 KiB, and as it is until then (so at most the latest 2 KiB of an
+idle session's log is uncompressed). Each segment is followed by its stored
+size, its event count and whether it is compressed. Reading runs backwards from the
 buffer's end along the segments' counts and then the texts' trailers, so
 the latest events are found at once; each segment read is inflated whole
 (at most about 1 MiB of JSON, or one longer event).
@@ -37,9 +39,16 @@ _FLAG_MASK = (1 << _FLAG_BITS) - 1
 _TRAILER = struct.Struct("<I")
 MAX_EVENT_BYTES = (1 << (32 - _FLAG_BITS)) - 1
 """The longest event text a `MemoryLog` keeps (1 GiB less a byte)."""
-_SEGMENT = struct.Struct("<II")  # the segment's compressed size, its events
+_SEGMENT = struct.Struct("<II")  # the segment's stored size; its events << 1 | _RAW
+_RAW = 1
+"""The segment is stored as its texts, uncompressed."""
 _SEGMENT_TEXT_BYTES = 1 << 20
 """A segment takes events while their texts stay within this (one longer event is a segment)."""
+_COMPRESS_FROM_BYTES = 2048
+"""A segment is compressed once it holds this much; a smaller one stays raw, and the events of
+the next settle join it. Compressing costs about as much for a few hundred bytes as for a few
+KB, and a few hundred bytes compress least, so a two-step turn is compressed once, not at each
+of its four flushes."""
 _WINDOW_BITS = 12  # a 4 KiB window: cheap to set up for the few KB a step flushes
 _MEMORY_LEVEL = 2
 _DICTIONARY = "".join(
@@ -124,31 +133,48 @@ class MemoryLog:
             self._unsettled.extend(items)
 
     def settle(self) -> None:
-        """Compress the events appended since the last call into the buffer."""
+        """Move the events appended since the last call into the buffer.
+
+        They join the buffer's raw segment, if it ends with one; once that
+        holds `_COMPRESS_FROM_BYTES` or more, it is compressed.
+        """
         unsettled, self._unsettled = self._unsettled, None
         if not unsettled:
             return
-        texts = bytearray()
-        count = 0
+        texts, count = self._take_raw_segment()
         for text, flags in unsettled:
             if count and len(texts) + len(text) > _SEGMENT_TEXT_BYTES:
-                self._seal(texts, count)
+                self._seal(texts, count, compress=True)
                 texts, count = bytearray(), 0
             texts += text
             texts += _TRAILER.pack(len(text) << _FLAG_BITS | flags)
             count += 1
-        self._seal(texts, count)
+        self._seal(texts, count, compress=len(texts) >= _COMPRESS_FROM_BYTES)
         self._count += len(unsettled)
 
-    def _seal(self, texts: bytearray, count: int) -> None:
-        """Append `texts` (`count` events with their trailers) as one compressed segment."""
-        packer = zlib.compressobj(
-            1, zlib.DEFLATED, -_WINDOW_BITS, _MEMORY_LEVEL, zlib.Z_DEFAULT_STRATEGY, _DICTIONARY
-        )
-        packed = packer.compress(texts)
-        packed += packer.flush()
-        self._buffer += packed
-        self._buffer += _SEGMENT.pack(len(packed), count)
+    def _take_raw_segment(self) -> tuple[bytearray, int]:
+        """Remove the buffer's last segment if it is raw: its texts and event count."""
+        if not self._buffer:
+            return bytearray(), 0
+        size, tag = _SEGMENT.unpack_from(self._buffer, len(self._buffer) - _SEGMENT.size)
+        if not tag & _RAW:
+            return bytearray(), 0
+        start = len(self._buffer) - _SEGMENT.size - size
+        texts = self._buffer[start : start + size]
+        del self._buffer[start:]
+        return texts, tag >> 1
+
+    def _seal(self, texts: bytearray, count: int, *, compress: bool) -> None:
+        """Append `texts` (`count` events with their trailers) as one segment."""
+        if compress:
+            packer = _PRIMED.copy()
+            stored = packer.compress(texts)
+            stored += packer.flush()
+            self._buffer += stored
+            self._buffer += _SEGMENT.pack(len(stored), count << 1)
+        else:
+            self._buffer += texts
+            self._buffer += _SEGMENT.pack(len(texts), count << 1 | _RAW)
 
     def item(self, seq: int) -> tuple[bytes, int]:
         """Event `seq`'s text and flags.
@@ -183,12 +209,13 @@ class MemoryLog:
             newest = settled - 1  # the newest event of the segment that ends at `end`
             with memoryview(self._buffer) as view:
                 while newest >= first:
-                    size, count = _SEGMENT.unpack_from(view, end - _SEGMENT.size)
+                    size, tag = _SEGMENT.unpack_from(view, end - _SEGMENT.size)
                     start = end - _SEGMENT.size - size
+                    count = tag >> 1
                     if newest - count < last:
-                        _read_back(
-                            _inflate(view[start : end - _SEGMENT.size]), newest, first, last, out
-                        )
+                        stored = view[start : end - _SEGMENT.size]
+                        texts = stored if tag & _RAW else _inflate(stored)
+                        _read_back(texts, newest, first, last, out)
                     end = start
                     newest -= count
             out.reverse()
@@ -201,6 +228,14 @@ class MemoryLog:
         return self.since(0)
 
 
+_PRIMED = zlib.compressobj(
+    1, zlib.DEFLATED, -_WINDOW_BITS, _MEMORY_LEVEL, zlib.Z_FIXED, _DICTIONARY
+)
+"""A compressor with the dictionary loaded, copied for each segment: a copy costs less than
+setting one up, and a segment of a few KB compresses as well with fixed Huffman codes as
+with codes built for it, for a third less time."""
+
+
 def _inflate(packed: memoryview) -> bytes:
     """A segment's texts and trailers, from its compressed form."""
     unpacker = zlib.decompressobj(-_WINDOW_BITS, _DICTIONARY)
@@ -208,7 +243,7 @@ def _inflate(packed: memoryview) -> bytes:
 
 
 def _read_back(
-    texts: bytes, newest: int, first: int, last: int, out: list[tuple[bytes, int]]
+    texts: bytes | memoryview, newest: int, first: int, last: int, out: list[tuple[bytes, int]]
 ) -> None:
     """Append to `out`, newest first, the events `first` to `last` of a segment's `texts`,
     whose newest event is `newest` (the segment's older events are skipped at its start)."""

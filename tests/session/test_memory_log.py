@@ -81,11 +81,18 @@ def test_settled_events_leave_no_object_of_their_own() -> None:
     assert log.items() == [(b'{"seq":0}', 0), (b'{"seq":1}', JSON_TEXT)]
 
 
-@given(ITEMS, st.lists(st.integers(min_value=0, max_value=5), max_size=30))
-def test_settles_split_into_segments_read_back_in_order(
-    items: list[tuple[bytes, int]], chunk_sizes: list[int]
+@given(
+    ITEMS,
+    st.lists(st.integers(min_value=0, max_value=5), max_size=30),
+    st.sampled_from([0, 30, 100]),
+)
+def test_settles_split_into_raw_and_compressed_segments_read_back_in_order(
+    items: list[tuple[bytes, int]], chunk_sizes: list[int], compress_from: int
 ) -> None:
-    with mock.patch.object(memory_log, "_SEGMENT_TEXT_BYTES", 50):  # several segments a settle
+    with (
+        mock.patch.object(memory_log, "_SEGMENT_TEXT_BYTES", 50),  # several segments a settle
+        mock.patch.object(memory_log, "_COMPRESS_FROM_BYTES", compress_from),
+    ):
         log = MemoryLog()
         rest = list(items)
         for size in chunk_sizes:
@@ -102,26 +109,34 @@ def test_settles_split_into_segments_read_back_in_order(
         )
 
 
-def test_a_turn_settled_step_by_step_takes_under_a_third_of_its_json() -> None:
-    turn = [
-        b'{"type":"step/start","seq":%d,"time":1796558536931,"data":{"turn":0,"step":1}}',
-        b'{"type":"user/message","seq":%d,"time":1796558536931,"data":{"content":[{"type":'
-        b'"text","text":"Please look up the weather in Lisbon."}],"source":{"kind":"user"}}}',
-        b'{"type":"assistant/chunk","seq":%d,"time":1796558537176,"data":{"turn":0,"step":0,'
-        b'"chunk":{"type":"usage","usage":{"input_tokens":5694,"output_tokens":8,'
-        b'"cache_read_tokens":5632}}}}',
-        b'{"type":"assistant/chunk","seq":%d,"time":1796558537176,"data":{"turn":0,"step":0,'
-        b'"chunk":{"type":"finish","reason":"completed"}}}',
-        b'{"type":"step/end","seq":%d,"time":1796558537395,"data":{"turn":0,"step":1}}',
-    ]
+_STEP = [
+    b'{"type":"step/start","seq":%d,"time":1796558536931,"data":{"turn":0,"step":1}}',
+    b'{"type":"user/message","seq":%d,"time":1796558536931,"data":{"content":[{"type":'
+    b'"text","text":"Please look up the weather in Lisbon."}],"source":{"kind":"user"}}}',
+    b'{"type":"assistant/chunk","seq":%d,"time":1796558537176,"data":{"turn":0,"step":0,'
+    b'"chunk":{"type":"usage","usage":{"input_tokens":5694,"output_tokens":8,'
+    b'"cache_read_tokens":5632}}}}',
+    b'{"type":"assistant/chunk","seq":%d,"time":1796558537176,"data":{"turn":0,"step":0,'
+    b'"chunk":{"type":"finish","reason":"completed"}}}',
+    b'{"type":"step/end","seq":%d,"time":1796558537395,"data":{"turn":0,"step":1}}',
+]
+
+
+def _buffer(log: MemoryLog) -> bytearray:
+    return next(kept for kept in gc.get_referents(log) if isinstance(kept, bytearray))
+
+
+def test_settles_stay_raw_until_they_hold_2_kib_then_compress_to_under_a_third() -> None:
     log = MemoryLog()
-    size = 0
-    for seq in range(40):
-        text = turn[seq % len(turn)].replace(b"%d", str(seq).encode())
-        size += len(text)
-        log.extend([(text, 0)])
-        if seq % len(turn) == len(turn) - 1:
-            log.settle()
-    assert len(log.items()) == 40
-    kept = next(kept for kept in gc.get_referents(log) if isinstance(kept, bytearray))
-    assert len(kept) < size / 3
+    settled = 0
+    seq = 0
+    while settled < memory_log._COMPRESS_FROM_BYTES:
+        step = [(text.replace(b"%d", str(seq + n).encode()), 0) for n, text in enumerate(_STEP)]
+        seq += len(step)
+        log.extend(step)
+        log.settle()
+        settled += sum(len(text) + 4 for text, _ in step)
+        if settled < memory_log._COMPRESS_FROM_BYTES:
+            assert len(_buffer(log)) == settled + 8  # kept as written, one raw segment
+    assert len(log.items()) == seq
+    assert len(_buffer(log)) < settled / 3
