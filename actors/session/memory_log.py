@@ -14,12 +14,14 @@ after the burst. Compressed, a turn's events take about a fifth of their JSON.
 A segment is its events' texts, each followed by a 4-byte trailer (its
 length and two flags), stored as raw DEFLATE (zlib, a 4 KiB window, fixed
 Huffman codes, primed with a dictionary of the fragments events share) once
-it holds 2 KiB, and as it is until then (so at most the latest 2 KiB of an
-idle session's log is uncompressed). Each segment is followed by its stored
-size, its event count and whether it is compressed. Reading runs backwards from the
-buffer's end along the segments' counts and then the texts' trailers, so
-the latest events are found at once; each segment read is inflated whole
-(at most about 1 MiB of JSON, or one longer event).
+it holds 2 KiB or its events end a turn, and as it is until then (so an
+idle session's log is compressed whole, and a busy one's latest events are
+compressed a few KB at a time, not at each of a step's flushes). Each
+segment is followed by its stored size, its event count and whether it is
+compressed. Reading runs backwards from the buffer's end along the
+segments' counts and then the texts' trailers, so the latest events are
+found at once; each segment read is inflated whole (at most about 1 MiB of
+JSON, or one longer event).
 """
 
 from __future__ import annotations
@@ -45,10 +47,10 @@ _RAW = 1
 _SEGMENT_TEXT_BYTES = 1 << 20
 """A segment takes events while their texts stay within this (one longer event is a segment)."""
 _COMPRESS_FROM_BYTES = 2048
-"""A segment is compressed once it holds this much; a smaller one stays raw, and the events of
-the next settle join it. Compressing costs about as much for a few hundred bytes as for a few
-KB, and a few hundred bytes compress least, so a two-step turn is compressed once, not at each
-of its four flushes."""
+"""A segment is compressed once it holds this much (or its events end a turn); a smaller one
+stays raw, and the events of the next settle join it. Compressing costs about as much for a few
+hundred bytes as for a few KB, and a few hundred bytes compress least, so a short two-step turn
+is compressed once, at its end, not at each of its four flushes."""
 _WINDOW_BITS = 12  # a 4 KiB window: cheap to set up for the few KB a step flushes
 _MEMORY_LEVEL = 2
 _DICTIONARY = "".join(
@@ -105,18 +107,23 @@ class MemoryLog:
     Trio thread).
     """
 
-    __slots__ = ("_buffer", "_count", "_unsettled")
+    __slots__ = ("_buffer", "_count", "_turn_ended", "_unsettled")
 
     def __init__(self) -> None:
         self._buffer = bytearray()
         self._count = 0  # events in `_buffer`
         self._unsettled: list[tuple[bytes, int]] | None = None  # appended since `settle`
+        self._turn_ended = False  # the last event appended ends a turn
 
     def __len__(self) -> int:
         return self._count + len(self._unsettled or ())
 
-    def extend(self, items: Sequence[tuple[bytes, int]]) -> None:
+    def extend(self, items: Sequence[tuple[bytes, int]], *, ends_turn: bool = False) -> None:
         """Append each `(text, flags)` of `items` as the next event; all of them or none.
+
+        `ends_turn`: the last of `items` ends a turn, so the session is
+        likely to go idle: the next settle compresses what it settles,
+        whatever its size.
 
         Raises:
             SessionError: a text is longer than `MAX_EVENT_BYTES` (names its size).
@@ -131,50 +138,58 @@ class MemoryLog:
             self._unsettled = list(items)
         else:
             self._unsettled.extend(items)
+        self._turn_ended = ends_turn
 
     def settle(self) -> None:
         """Move the events appended since the last call into the buffer.
 
         They join the buffer's raw segment, if it ends with one; once that
-        holds `_COMPRESS_FROM_BYTES` or more, it is compressed.
+        holds `_COMPRESS_FROM_BYTES` or more, or they end a turn, it is
+        compressed. The raw
+        segment grows in place, so the buffer only grows and shrinks at its
+        end, within its own allocation.
         """
         unsettled, self._unsettled = self._unsettled, None
         if not unsettled:
             return
-        texts, count = self._take_raw_segment()
+        buffer = self._buffer
+        start, count = self._open_raw_segment()
         for text, flags in unsettled:
-            if count and len(texts) + len(text) > _SEGMENT_TEXT_BYTES:
-                self._seal(texts, count, compress=True)
-                texts, count = bytearray(), 0
-            texts += text
-            texts += _TRAILER.pack(len(text) << _FLAG_BITS | flags)
+            if count and len(buffer) - start + len(text) > _SEGMENT_TEXT_BYTES:
+                self._close_segment(start, count, compress=True)
+                start, count = len(buffer), 0
+            buffer += text
+            buffer += _TRAILER.pack(len(text) << _FLAG_BITS | flags)
             count += 1
-        self._seal(texts, count, compress=len(texts) >= _COMPRESS_FROM_BYTES)
+        whole = self._turn_ended or len(buffer) - start >= _COMPRESS_FROM_BYTES
+        self._close_segment(start, count, compress=whole)
         self._count += len(unsettled)
 
-    def _take_raw_segment(self) -> tuple[bytearray, int]:
-        """Remove the buffer's last segment if it is raw: its texts and event count."""
-        if not self._buffer:
-            return bytearray(), 0
-        size, tag = _SEGMENT.unpack_from(self._buffer, len(self._buffer) - _SEGMENT.size)
-        if not tag & _RAW:
-            return bytearray(), 0
-        start = len(self._buffer) - _SEGMENT.size - size
-        texts = self._buffer[start : start + size]
-        del self._buffer[start:]
-        return texts, tag >> 1
+    def _open_raw_segment(self) -> tuple[int, int]:
+        """Where the texts of a segment to append to start, and its events so far: the
+        buffer's last segment if it is raw (its size and count removed), else a new one."""
+        buffer = self._buffer
+        if buffer:
+            size, tag = _SEGMENT.unpack_from(buffer, len(buffer) - _SEGMENT.size)
+            if tag & _RAW:
+                del buffer[-_SEGMENT.size :]
+                return len(buffer) - size, tag >> 1
+        return len(buffer), 0
 
-    def _seal(self, texts: bytearray, count: int, *, compress: bool) -> None:
-        """Append `texts` (`count` events with their trailers) as one segment."""
-        if compress:
-            packer = _PRIMED.copy()
-            stored = packer.compress(texts)
-            stored += packer.flush()
-            self._buffer += stored
-            self._buffer += _SEGMENT.pack(len(stored), count << 1)
-        else:
-            self._buffer += texts
-            self._buffer += _SEGMENT.pack(len(texts), count << 1 | _RAW)
+    def _close_segment(self, start: int, count: int, *, compress: bool) -> None:
+        """End the segment whose `count` events' texts run from `start` to the buffer's end,
+        compressed or raw."""
+        buffer = self._buffer
+        if not compress:
+            buffer += _SEGMENT.pack(len(buffer) - start, count << 1 | _RAW)
+            return
+        packer = _PRIMED.copy()
+        with memoryview(buffer) as view:
+            stored = packer.compress(view[start:])
+        stored += packer.flush()
+        del buffer[start:]
+        buffer += stored
+        buffer += _SEGMENT.pack(len(stored), count << 1)
 
     def item(self, seq: int) -> tuple[bytes, int]:
         """Event `seq`'s text and flags.

@@ -258,7 +258,10 @@ class MemoryStore:
                     f"expected {expected}"
                 )
         # Encoded first, so a refused append stores none of its events.
-        log.extend([self._stored_form(session_id, event) for event in events])
+        log.extend(
+            [self._stored_form(session_id, event) for event in events],
+            ends_turn=bool(events) and events[-1].type == "turn/end",
+        )
         self._marks.advance(session_id, len(log) - 1)
 
     async def flush(self, session_id: str | None = None) -> None:

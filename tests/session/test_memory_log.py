@@ -140,3 +140,21 @@ def test_settles_stay_raw_until_they_hold_2_kib_then_compress_to_under_a_third()
             assert len(_buffer(log)) == settled + 8  # kept as written, one raw segment
     assert len(log.items()) == seq
     assert len(_buffer(log)) < settled / 3
+
+
+def test_a_settle_whose_events_end_a_turn_compresses_them_whatever_their_size() -> None:
+    log = MemoryLog()
+    step = [(text.replace(b"%d", str(seq).encode()), 0) for seq, text in enumerate(_STEP)]
+    size = sum(len(text) + 4 for text, _ in step)
+    log.extend(step[:2])
+    log.settle()
+    log.extend(step[2:], ends_turn=True)
+    log.settle()
+    assert size < memory_log._COMPRESS_FROM_BYTES
+    assert len(_buffer(log)) < size / 2
+    assert log.items() == step
+    compressed = len(_buffer(log))
+    log.extend(step[:1])  # a later append that does not end a turn: kept raw
+    log.settle()
+    assert log.items() == [*step, step[0]]
+    assert len(_buffer(log)) == compressed + len(step[0][0]) + 4 + 8
