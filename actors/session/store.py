@@ -139,7 +139,7 @@ class MemoryStore:
     Events are kept in their durable JSON form: a session's log is one
     buffer of its events' compact JSON texts (`MemoryLog`: UTF-8 written by
     orjson, or ASCII where only `json` writes it exactly, see
-    `_stored_form`), compressed as each flush settles them, so an idle
+    `_stored_form`), compressed as flushes settle them, so an idle
     session's log costs a fraction of its own events' bytes in one
     allocation, not a small object per event. A
     request header (its config, system text and tool schemas) is not
@@ -266,9 +266,10 @@ class MemoryStore:
 
     async def flush(self, session_id: str | None = None) -> None:
         """Return at once: nothing is pending in a memory store. The events appended since
-        the session's (or every session's) last flush are compressed into its log's one
-        buffer (`MemoryLog.settle`: an agent flushes at each step, at the end of each turn
-        and before its session hibernates, so an idle session keeps no object per event).
+        the session's (or every session's) last flush move into its log's one buffer,
+        compressed once 2 KiB or a turn's end is there (`MemoryLog.settle`: an agent flushes
+        at each step, at the end of each turn and before its session hibernates, so an idle
+        session keeps no object per event).
 
         Not a checkpoint: every append was durable (and a checkpoint) when
         it returned, so there is nothing to wait for and nothing to yield to.
