@@ -127,13 +127,18 @@ class MemoryLog:
 
         Raises:
             SessionError: a text is longer than `MAX_EVENT_BYTES` (names its size).
+            ValueError: a flag outside `JSON_TEXT | HEADER` (names it).
         """
-        for text, _ in items:
+        for text, flags in items:
             if len(text) > MAX_EVENT_BYTES:
                 raise SessionError(
                     f"an event of {len(text):,} bytes of JSON is longer than a memory store "
                     f"keeps ({MAX_EVENT_BYTES:,})"
                 )
+            if flags & ~_FLAG_MASK:
+                raise ValueError(f"event flags {flags} are not a combination of JSON_TEXT, HEADER")
+        if not items:
+            return
         if self._unsettled is None:
             self._unsettled = list(items)
         else:
@@ -141,55 +146,42 @@ class MemoryLog:
         self._turn_ended = ends_turn
 
     def settle(self) -> None:
-        """Move the events appended since the last call into the buffer.
+        """Move the events appended since the last call into the buffer; all or, if it
+        raises (out of memory), none of them.
 
         They join the buffer's raw segment, if it ends with one; once that
         holds `_COMPRESS_FROM_BYTES` or more, or they end a turn, it is
-        compressed. The raw
-        segment grows in place, so the buffer only grows and shrinks at its
-        end, within its own allocation.
+        compressed.
         """
-        unsettled, self._unsettled = self._unsettled, None
+        unsettled = self._unsettled
         if not unsettled:
             return
-        buffer = self._buffer
-        start, count = self._open_raw_segment()
+        start, texts, count = self._raw_segment()
+        segments = bytearray()
         for text, flags in unsettled:
-            if count and len(buffer) - start + len(text) > _SEGMENT_TEXT_BYTES:
-                self._close_segment(start, count, compress=True)
-                start, count = len(buffer), 0
-            buffer += text
-            buffer += _TRAILER.pack(len(text) << _FLAG_BITS | flags)
+            if count and len(texts) + len(text) > _SEGMENT_TEXT_BYTES:
+                segments += _segment(texts, count, compress=True)
+                texts, count = bytearray(), 0
+            texts += text
+            texts += _TRAILER.pack(len(text) << _FLAG_BITS | flags)
             count += 1
-        whole = self._turn_ended or len(buffer) - start >= _COMPRESS_FROM_BYTES
-        self._close_segment(start, count, compress=whole)
+        whole = self._turn_ended or len(texts) >= _COMPRESS_FROM_BYTES
+        segments += _segment(texts, count, compress=whole)
+        self._buffer[start:] = segments  # the one change to the buffer: whole, or not at all
         self._count += len(unsettled)
+        self._unsettled = None
 
-    def _open_raw_segment(self) -> tuple[int, int]:
-        """Where the texts of a segment to append to start, and its events so far: the
-        buffer's last segment if it is raw (its size and count removed), else a new one."""
+    def _raw_segment(self) -> tuple[int, bytearray, int]:
+        """Where the buffer's last segment starts, a copy of its texts and its event count,
+        if it is raw; else the buffer's end, nothing and 0."""
         buffer = self._buffer
+        end = len(buffer)
         if buffer:
-            size, tag = _SEGMENT.unpack_from(buffer, len(buffer) - _SEGMENT.size)
+            size, tag = _SEGMENT.unpack_from(buffer, end - _SEGMENT.size)
             if tag & _RAW:
-                del buffer[-_SEGMENT.size :]
-                return len(buffer) - size, tag >> 1
-        return len(buffer), 0
-
-    def _close_segment(self, start: int, count: int, *, compress: bool) -> None:
-        """End the segment whose `count` events' texts run from `start` to the buffer's end,
-        compressed or raw."""
-        buffer = self._buffer
-        if not compress:
-            buffer += _SEGMENT.pack(len(buffer) - start, count << 1 | _RAW)
-            return
-        packer = _PRIMED.copy()
-        with memoryview(buffer) as view:
-            stored = packer.compress(view[start:])
-        stored += packer.flush()
-        del buffer[start:]
-        buffer += stored
-        buffer += _SEGMENT.pack(len(stored), count << 1)
+                start = end - _SEGMENT.size - size
+                return start, buffer[start : start + size], tag >> 1
+        return end, bytearray(), 0
 
     def item(self, seq: int) -> tuple[bytes, int]:
         """Event `seq`'s text and flags.
@@ -229,7 +221,10 @@ class MemoryLog:
                     count = tag >> 1
                     if newest - count < last:
                         stored = view[start : end - _SEGMENT.size]
-                        texts = stored if tag & _RAW else _inflate(stored)
+                        try:
+                            texts = stored.tobytes() if tag & _RAW else _inflate(stored)
+                        finally:
+                            stored.release()  # even if a traceback keeps it: the buffer can grow
                         _read_back(texts, newest, first, last, out)
                     end = start
                     newest -= count
@@ -251,6 +246,16 @@ setting one up, and a segment of a few KB compresses as well with fixed Huffman 
 with codes built for it, for a third less time."""
 
 
+def _segment(texts: bytearray, count: int, *, compress: bool) -> bytes:
+    """`texts` (`count` events with their trailers) as a segment: compressed or raw, then
+    its stored size and tag."""
+    if not compress:
+        return bytes(texts) + _SEGMENT.pack(len(texts), count << 1 | _RAW)
+    packer = _PRIMED.copy()
+    stored = packer.compress(texts) + packer.flush()
+    return stored + _SEGMENT.pack(len(stored), count << 1)
+
+
 def _inflate(packed: memoryview) -> bytes:
     """A segment's texts and trailers, from its compressed form."""
     unpacker = zlib.decompressobj(-_WINDOW_BITS, _DICTIONARY)
@@ -258,7 +263,7 @@ def _inflate(packed: memoryview) -> bytes:
 
 
 def _read_back(
-    texts: bytes | memoryview, newest: int, first: int, last: int, out: list[tuple[bytes, int]]
+    texts: bytes, newest: int, first: int, last: int, out: list[tuple[bytes, int]]
 ) -> None:
     """Append to `out`, newest first, the events `first` to `last` of a segment's `texts`,
     whose newest event is `newest` (the segment's older events are skipped at its start)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import zlib
 from unittest import mock
 
 import pytest
@@ -158,3 +159,52 @@ def test_a_settle_whose_events_end_a_turn_compresses_them_whatever_their_size() 
     log.settle()
     assert log.items() == [*step, step[0]]
     assert len(_buffer(log)) == compressed + len(step[0][0]) + 4 + 8
+
+
+def test_a_settle_that_fails_leaves_the_log_as_it_was() -> None:
+    log = MemoryLog()
+    log.extend([(b'{"seq":0}', 0)])
+    log.settle()  # a raw segment, reopened by the next settle
+    log.extend([(b'{"seq":1}', JSON_TEXT)], ends_turn=True)
+    with (
+        mock.patch.object(memory_log, "_segment", side_effect=MemoryError),
+        pytest.raises(MemoryError),
+    ):
+        log.settle()
+    assert log.items() == [(b'{"seq":0}', 0), (b'{"seq":1}', JSON_TEXT)]
+    log.settle()
+    assert log.items() == [(b'{"seq":0}', 0), (b'{"seq":1}', JSON_TEXT)]
+    assert len(_buffer(log)) < 2 * (9 + 4) + 8  # compressed at last: the turn ended
+
+
+def test_a_read_that_fails_leaves_the_buffer_free_to_grow() -> None:
+    log = MemoryLog()
+    log.extend([(b'{"seq":0}', 0)], ends_turn=True)
+    log.settle()  # compressed
+    with (
+        mock.patch.object(memory_log, "_inflate", side_effect=zlib.error("damaged")),
+        pytest.raises(zlib.error) as failed,
+    ):
+        log.items()
+    kept = failed.value  # its traceback holds the reading frames
+    log.extend([(b'{"seq":1}', 0)])
+    log.settle()  # would be a BufferError if the failed read still held the buffer
+    assert log.items() == [(b'{"seq":0}', 0), (b'{"seq":1}', 0)]
+    assert kept.__traceback__ is not None
+
+
+def test_flags_outside_json_text_and_header_are_refused() -> None:
+    log = MemoryLog()
+    with pytest.raises(ValueError, match="event flags 4 are not a combination"):
+        log.extend([(b"{}", 4)])
+    assert len(log) == 0
+
+
+def test_an_empty_append_keeps_the_turn_end_of_the_one_before() -> None:
+    log = MemoryLog()
+    step = [(b'{"type":"turn/end","seq":0,"time":1,"data":{"turn":0}}', 0)]
+    log.extend(step, ends_turn=True)
+    log.extend([])
+    log.settle()
+    assert len(_buffer(log)) != len(step[0][0]) + 4 + 8  # compressed, not raw
+    assert log.items() == step
