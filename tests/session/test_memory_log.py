@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gc
+import struct
 import zlib
+from typing import Any
 from unittest import mock
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from actors.session import memory_log
 from actors.session.errors import SessionError
@@ -208,3 +211,69 @@ def test_an_empty_append_keeps_the_turn_end_of_the_one_before() -> None:
     log.settle()
     assert len(_buffer(log)) != len(step[0][0]) + 4 + 8  # compressed, not raw
     assert log.items() == step
+
+
+class MemoryLogAgainstAList(RuleBasedStateMachine):
+    """Appends, settles and reads in any order, with small segment sizes, against a list."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log = MemoryLog()
+        self.kept: list[tuple[bytes, int]] = []
+        self.patches: list[Any] = []
+
+    @initialize(compress_from=st.integers(1, 200), segment_bytes=st.integers(1, 200))
+    def sizes(self, compress_from: int, segment_bytes: int) -> None:
+        for name, value in (
+            ("_COMPRESS_FROM_BYTES", compress_from),
+            ("_SEGMENT_TEXT_BYTES", segment_bytes),
+        ):
+            patch = mock.patch.object(memory_log, name, value)
+            patch.start()
+            self.patches.append(patch)
+
+    @rule(items=ITEMS, ends_turn=st.booleans())
+    def extend(self, items: list[tuple[bytes, int]], ends_turn: bool) -> None:
+        self.log.extend(items, ends_turn=ends_turn)
+        self.kept += items
+
+    @rule()
+    def settle(self) -> None:
+        self.log.settle()
+        # Segments, walked back from the end, add up to every event; only the last is raw.
+        buffer = bytes(_buffer(self.log))
+        end, events, newest = len(buffer), 0, True
+        while end:
+            size, tag = struct.unpack_from("<II", buffer, end - 8)
+            assert newest or not tag & 1
+            newest = False
+            events += tag >> 1
+            end -= 8 + size
+        assert events == len(self.kept)
+
+    @rule(first=st.integers(-2, 40), last=st.none() | st.integers(-3, 45))
+    def since(self, first: int, last: int | None) -> None:
+        if not 0 <= first <= len(self.kept):
+            with pytest.raises(IndexError):
+                self.log.since(first, last)
+            return
+        upto = len(self.kept) if last is None else max(first, last + 1)
+        assert self.log.since(first, last) == self.kept[first:upto]
+        if first < len(self.kept):
+            assert self.log.item(first) == self.kept[first]
+
+    @invariant()
+    def same_length(self) -> None:
+        assert len(self.log) == len(self.kept)
+
+    def teardown(self) -> None:
+        assert self.log.items() == self.kept
+        buffer = _buffer(self.log)
+        buffer += b"x"  # a BufferError if a read left a view that keeps the buffer from growing
+        del buffer[-1:]
+        for patch in self.patches:
+            patch.stop()
+
+
+test_memory_log_against_a_list = MemoryLogAgainstAList.TestCase
+test_memory_log_against_a_list.settings = settings(max_examples=150, stateful_step_count=30)
